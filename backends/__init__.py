@@ -1,0 +1,1 @@
+"""Framework primitives for `unified`: one module per framework, registered in `unified/backend.py`."""

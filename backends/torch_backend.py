@@ -1,0 +1,210 @@
+"""PyTorch primitives for `unified`: torch.distributed (gloo on CPU, NCCL on GPU)."""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from unified.backend import Backend
+from unified.errors import BarrierTimeout, DistributedError
+
+# A wait that has not finished after this long publishes the process's arrival in the
+# rendezvous store, so that a timeout can name the processes that never arrived.
+_ARRIVAL_PROBE_S = 1.0
+# After a peer's disconnection, how long survivors wait for each other's arrival notes.
+_DIAGNOSE_GRACE_S = 2.0
+
+
+class TorchBackend(Backend):
+    """torch.distributed started from torchrun's environment (or one plain process)."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._group: Optional[Any] = None  # gloo group for control-plane collectives
+        self._store: Optional[Any] = None
+        self._owns_group = False
+        self._broken = False
+        self._device = torch.device("cpu")
+        self.distributed_type = "NO"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, timeout: float) -> None:
+        env = os.environ
+        distributed = dist.is_available() and (
+            dist.is_initialized() or int(env.get("WORLD_SIZE", "1")) > 1
+        )
+        cuda = torch.cuda.is_available()
+        self.local_process_index = int(env.get("LOCAL_RANK", "0"))
+        self.local_num_processes = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        if cuda:
+            self._device = torch.device("cuda", self.local_process_index % torch.cuda.device_count())
+            torch.cuda.set_device(self._device)
+        if not distributed:
+            return
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "nccl" if cuda else "gloo",
+                timeout=datetime.timedelta(seconds=timeout),
+                device_id=self._device if cuda else None,
+            )
+            self._owns_group = True
+        self.process_index = dist.get_rank()
+        self.num_processes = dist.get_world_size()
+        self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+        self._store = dist.PrefixStore("unified/", dist.distributed_c10d._get_default_store())
+        self.distributed_type = "MULTI_GPU" if cuda else "MULTI_CPU"
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized() and not self._broken:
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # -- timed waiting ----------------------------------------------------------------------------
+    def _wait(self, work: Any, key: str, timeout: float) -> None:
+        """Wait for ``work``; on timeout or a lost peer raise `BarrierTimeout` naming the missing."""
+        probe = min(_ARRIVAL_PROBE_S, timeout)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=probe))
+            return
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower():
+                self._fail(key, timeout, err, grace=_DIAGNOSE_GRACE_S)
+        self._publish_arrival(key)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=max(timeout - probe, 1e-3)))
+        except RuntimeError as err:
+            self._fail(key, timeout, err, grace=0.0)
+
+    def _publish_arrival(self, key: str) -> None:
+        try:
+            self._store.set(f"{key}/{self.process_index}", "1")
+        except Exception:  # the store may be gone with its host; naming is best effort
+            pass
+
+    def _fail(self, key: str, timeout: float, err: Exception, grace: float) -> None:
+        self._mark_broken()
+        self._publish_arrival(key)
+        names = [f"{key}/{rank}" for rank in range(self.num_processes)]
+        missing: Optional[List[int]] = None
+        deadline = time.monotonic() + grace
+        while True:
+            try:
+                missing = [r for r, name in enumerate(names) if not self._store.check([name])]
+            except Exception:
+                missing = None
+                break
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        raise BarrierTimeout(
+            key, timeout, missing or None, process_index=self.process_index,
+            num_processes=self.num_processes, detail=f"torch.distributed: {str(err).splitlines()[0]}",
+        ) from err
+
+    def _mark_broken(self) -> None:
+        """Keep the process groups alive forever: their destructors wait for the failed
+        collective to finish, which would make this process hang at exit behind a stuck peer."""
+        if not self._broken:
+            self._broken = True
+            for group in {id(g): g for g in (dist.group.WORLD, self._group) if g is not None}.values():
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+    # -- control plane --------------------------------------------------------------------------
+    def barrier(self, key: str, timeout: float) -> None:
+        self._wait(dist.barrier(group=self._group, async_op=True), key, timeout)
+
+    def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self._wait(dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group, async_op=True), key, timeout)
+        return bool(value.item())
+
+    def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.num_processes)]
+        self._wait(dist.all_gather(sizes, torch.tensor([len(data)]), group=self._group, async_op=True),
+                   f"{key} (sizes)", timeout)
+        longest = int(max(s.item() for s in sizes))
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+        parts = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.num_processes)]
+        self._wait(dist.all_gather(parts, mine, group=self._group, async_op=True), key, timeout)
+        return [p[: int(s.item())].numpy().tobytes() for p, s in zip(parts, sizes)]
+
+    def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        self._wait(dist.broadcast(size, src=src, group=self._group, async_op=True), f"{key} (size)", timeout)
+        buffer = torch.zeros(int(size.item()), dtype=torch.uint8)
+        if self.process_index == src and data:
+            buffer[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._wait(dist.broadcast(buffer, src=src, group=self._group, async_op=True), key, timeout)
+        return buffer.numpy().tobytes()
+
+    # -- data plane -------------------------------------------------------------------------------
+    def is_array(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor)
+
+    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
+        out = []
+        for i, tensor in enumerate(arrays):
+            tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous()
+            parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+            self._wait(dist.all_gather(parts, tensor, async_op=True), f"{key}[{i}]", timeout)
+            out.append(torch.cat(parts, dim=0))
+        return out
+
+    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
+        out = []
+        for i, tensor in enumerate(arrays):
+            result = tensor.clone()
+            self._wait(dist.all_reduce(result, op=dist.ReduceOp.SUM, async_op=True), f"{key}[{i}]", timeout)
+            out.append(result)
+        return out
+
+    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
+        out = []
+        for i, tensor in enumerate(arrays):
+            result = tensor.clone().contiguous()
+            self._wait(dist.broadcast(result, src=src, async_op=True), f"{key}[{i}]", timeout)
+            out.append(result)
+        return out
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return value.detach().cpu().numpy()
+
+    def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        return tensor.to(like.device if like is not None else self._device)
+
+    # -- RNG ----------------------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # seeds every CUDA generator too
+
+    def rng_state(self) -> Dict[str, np.ndarray]:
+        state = {"torch_cpu": torch.get_rng_state().numpy()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                state[f"torch_cuda_{i}"] = s.numpy()
+        return state
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        if "torch_cpu" not in state:
+            raise DistributedError("The checkpoint has no torch CPU RNG state; refusing to resume without it.")
+        torch.set_rng_state(torch.from_numpy(np.asarray(state["torch_cpu"], dtype=np.uint8)))
+        if torch.cuda.is_available():
+            cuda = [state.get(f"torch_cuda_{i}") for i in range(torch.cuda.device_count())]
+            if any(s is None for s in cuda):
+                raise DistributedError(
+                    f"The checkpoint holds CUDA RNG states for {sum(s is not None for s in cuda)} GPU(s); "
+                    f"this process sees {torch.cuda.device_count()}."
+                )
+            torch.cuda.set_rng_state_all([torch.from_numpy(np.asarray(s, dtype=np.uint8)) for s in cuda])

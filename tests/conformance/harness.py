@@ -1,0 +1,120 @@
+"""Run scenario functions in a real process group of fresh interpreters and collect results.
+
+Each process runs `tests/conformance/worker.py`, which executes the named scenarios in order
+inside one Accelerator and writes one JSON result file per process. The parent asserts
+across processes. Every run has a deadline; on any failure the per-process logs are shown.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def group_env(backend: str, rank: int, size: int, port: int, local_rank: int, local_size: int) -> Dict[str, str]:
+    """The variables a launcher gives process ``rank`` of a ``size``-process group."""
+    env = dict(os.environ)
+    env.update(PYTHONUNBUFFERED="1", UNIFIED_BACKEND=backend, PYTHONPATH=str(ROOT))
+    if size == 1:
+        return env
+    if backend == "torch":
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
+                   LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size), OMP_NUM_THREADS="1")
+    else:
+        env.update(UNIFIED_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", UNIFIED_NUM_PROCESSES=str(size),
+                   UNIFIED_PROCESS_ID=str(rank), UNIFIED_LOCAL_PROCESS_ID=str(local_rank),
+                   UNIFIED_LOCAL_NUM_PROCESSES=str(local_size))
+    return env
+
+
+@dataclass
+class GroupResult:
+    results: List[dict]        # one dict per process: scenario name -> returned value
+    returncodes: List[Optional[int]]
+    logs: List[str]
+    elapsed: float
+    exit_times: List[Optional[float]]  # wall-clock time each process exited (None: killed at the deadline)
+
+    def show_logs(self) -> str:
+        return "\n".join(
+            f"----- process {i} (exit code {rc}) -----\n{log}" for i, (rc, log) in enumerate(zip(self.returncodes, self.logs))
+        )
+
+    def scenario(self, name: str) -> List[dict]:
+        """Every process's result of one scenario; fails with the logs when one is missing."""
+        values = []
+        for rank, result in enumerate(self.results):
+            if name not in result:
+                raise AssertionError(f"process {rank} did not report scenario {name!r}\n{self.show_logs()}")
+            if isinstance(result[name], dict) and "error" in result[name] and result[name].get("unexpected"):
+                raise AssertionError(f"process {rank} failed in {name!r}: {result[name]['error']}\n{self.show_logs()}")
+            values.append(result[name])
+        return values
+
+
+def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path, *,
+              deadline: float = 120.0, local_sizes: Optional[Sequence[int]] = None,
+              extra_env: Optional[Dict[str, str]] = None) -> GroupResult:
+    """Run ``scenarios`` in ``size`` fresh processes of ``backend``; never longer than ``deadline``.
+
+    ``local_sizes`` splits the processes into simulated machines (e.g. ``[2, 1]``).
+    """
+    local_sizes = list(local_sizes or [size])
+    assert sum(local_sizes) == size
+    out = tmp_path / f"{backend}-{size}-{time.monotonic_ns()}"
+    out.mkdir(parents=True)
+    port = free_port()
+    procs, logs = [], []
+    rank = 0
+    for machine_size in local_sizes:
+        for local in range(machine_size):
+            env = group_env(backend, rank, size, port, local, machine_size)
+            env.update(extra_env or {})
+            env["UNIFIED_TEST_OUT"] = str(out / f"result_{rank}.json")
+            log = open(out / f"log_{rank}.txt", "wb")
+            logs.append(log)
+            procs.append(subprocess.Popen([sys.executable, str(WORKER), *scenarios], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, cwd=str(out)))
+            rank += 1
+    start = time.monotonic()
+    exit_times: List[Optional[float]] = [None] * size
+    while time.monotonic() - start < deadline and any(t is None for t in exit_times):
+        for i, proc in enumerate(procs):
+            if exit_times[i] is None and proc.poll() is not None:
+                exit_times[i] = time.time()
+        time.sleep(0.02)
+    for proc in procs:  # escalate: SIGTERM, then SIGKILL; only our own process groups
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    elapsed = time.monotonic() - start
+    for log in logs:
+        log.close()
+    results = []
+    for r in range(size):
+        path = out / f"result_{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {})
+    return GroupResult(results, [p.returncode for p in procs],
+                       [(out / f"log_{r}.txt").read_text(errors="replace") for r in range(size)], elapsed,
+                       exit_times)

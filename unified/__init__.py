@@ -1,0 +1,31 @@
+"""unified: one Accelerator API for distributed training on PyTorch and JAX.
+
+Importing this package imports neither torch nor jax; a backend's framework is imported when
+an `Accelerator` selects that backend.
+
+Example:
+    >>> from unified import Accelerator
+    >>> accelerator = Accelerator()
+    >>> accelerator.print("process", accelerator.process_index, "of", accelerator.num_processes)
+"""
+from .accelerator import Accelerator
+from .backend import Backend, available_backends
+from .config import DistributedType, ProjectConfiguration
+from .errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, UnifiedError
+from . import utils
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accelerator",
+    "Backend",
+    "BackendUnavailable",
+    "BarrierTimeout",
+    "CheckpointError",
+    "DistributedError",
+    "DistributedType",
+    "ProjectConfiguration",
+    "UnifiedError",
+    "available_backends",
+    "utils",
+]

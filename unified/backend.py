@@ -1,0 +1,159 @@
+"""The Backend interface and the one place that maps a backend name to its class.
+
+A backend supplies primitives only: identity, start/stop, a barrier with a timeout, an
+any-process flag, all-gather and broadcast of bytes, array collectives, the framework's RNG
+state and array conversion. Everything built from them (main-process-first, triggers,
+checkpoints, data positions, messages) lives once in `unified/`.
+
+Adding a framework means writing one module in `backends/` and adding one line to
+`_REGISTRY` below.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import BackendUnavailable
+
+__all__ = ["Backend", "available_backends", "resolve_backend_name", "create_backend"]
+
+# name -> ("module:Class", framework module that must be importable, pip extra)
+_REGISTRY: Dict[str, Tuple[str, str, str]] = {
+    "torch": ("backends.torch_backend:TorchBackend", "torch", "torch"),
+    "jax": ("backends.jax_backend:JaxBackend", "jax", "jax"),
+}
+DEFAULT_BACKEND = "torch"
+
+
+class Backend:
+    """Primitives a framework must provide. Subclass it in `backends/<framework>_backend.py`.
+
+    Collectives take a ``key`` (unique per call and identical on every process, made by the
+    Accelerator) and a ``timeout`` in seconds; they raise `unified.BarrierTimeout` when a peer
+    does not arrive or died, and never block forever. With one process they return at once.
+    """
+
+    name: str = "base"
+    distributed_type: str = "NO"
+
+    # -- identity -------------------------------------------------------------------------
+    process_index: int = 0
+    local_process_index: int = 0
+    num_processes: int = 1
+    local_num_processes: int = 1
+
+    @property
+    def device(self) -> Any:
+        raise NotImplementedError
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, timeout: float) -> None:
+        """Join the process group described by the environment, or stay a single process."""
+
+    def shutdown(self) -> None:
+        """Leave the process group; must not hang when peers already left or died."""
+
+    # -- control plane (small, timed) ---------------------------------------------------------
+    def barrier(self, key: str, timeout: float) -> None:
+        raise NotImplementedError
+
+    def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
+        """True on every process if ``flag`` is true on any process."""
+        raise NotImplementedError
+
+    def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
+        """Every process's ``data``, in process order, on every process."""
+        raise NotImplementedError
+
+    def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
+        raise NotImplementedError
+
+    # -- data plane (framework arrays) ------------------------------------------------------
+    def is_array(self, value: Any) -> bool:
+        raise NotImplementedError
+
+    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
+        """Concatenate each array along axis 0 over processes, in process order."""
+        raise NotImplementedError
+
+    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
+        """Element-wise ``"sum"`` over processes (the caller derives ``"mean"``)."""
+        raise NotImplementedError
+
+    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
+        raise NotImplementedError
+
+    def to_numpy(self, value: Any) -> Any:
+        """A host NumPy copy of one of this framework's arrays."""
+        raise NotImplementedError
+
+    def from_numpy(self, value: Any, like: Any = None) -> Any:
+        """This framework's array from NumPy (placed like ``like`` when given)."""
+        raise NotImplementedError
+
+    # -- framework RNG ------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        """Seed the framework's global generators (Python and NumPy are seeded by `unified`)."""
+
+    def rng_state(self) -> Dict[str, Any]:
+        """The framework's global generator states as NumPy arrays, by name."""
+        return {}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `rng_state` returned; raise when a generator is missing."""
+
+
+def available_backends() -> List[str]:
+    """Names of the registered backends whose framework is installed.
+
+    Example:
+        >>> import unified
+        >>> unified.available_backends()   # doctest: +SKIP
+        ['torch', 'jax']
+    """
+    return [name for name, (_, module, _) in _REGISTRY.items() if _installed(module)]
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def resolve_backend_name(requested: Optional[str] = None) -> str:
+    """Pick the backend: argument, then ``UNIFIED_BACKEND``, then the launcher's choice, then the
+    only framework installed, then torch."""
+    for source, value in (
+        ("backend=", requested),
+        ("UNIFIED_BACKEND", os.environ.get("UNIFIED_BACKEND")),
+        ("the launcher (UNIFIED_LAUNCHER_BACKEND)", os.environ.get("UNIFIED_LAUNCHER_BACKEND")),
+    ):
+        if value:
+            name = value.strip().lower()
+            if name not in _REGISTRY:
+                choices = ", ".join(repr(n) for n in _REGISTRY)
+                raise ValueError(
+                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}."
+                )
+            return name
+    installed = available_backends()
+    if len(installed) == 1:
+        return installed[0]
+    if not installed:
+        raise BackendUnavailable(
+            "No supported framework is installed. Install one: pip install 'unified[torch]' "
+            "or pip install 'unified[jax]'."
+        )
+    return DEFAULT_BACKEND
+
+
+def create_backend(name: str) -> Backend:
+    """Instantiate the backend registered under ``name`` (importing its framework now)."""
+    target, module, extra = _REGISTRY[name]
+    if not _installed(module):
+        raise BackendUnavailable(
+            f"The {name!r} backend needs {module}, which is not installed. "
+            f"Install it with: pip install 'unified[{extra}]'"
+        )
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)()

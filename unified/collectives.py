@@ -1,0 +1,141 @@
+"""Collectives written once on top of a backend's primitives.
+
+`Collectives` owns the per-Accelerator call counter that makes every collective key unique
+and identical across processes, the default timeout, and the tree handling of
+gather / reduce / broadcast. It also implements the ordered-section protocol behind
+`main_process_first` and the trigger.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import numbers
+from typing import Any, Iterator, List, Optional
+
+import numpy as np
+
+from .backend import Backend
+from .errors import DistributedError
+from .tree import flatten
+
+__all__ = ["Collectives"]
+
+
+class Collectives:
+    """Timed, uniquely keyed collectives for one Accelerator."""
+
+    def __init__(self, backend: Backend, timeout: float) -> None:
+        self.backend = backend
+        self.timeout = float(timeout)
+        self._calls = 0
+
+    def _key(self, operation: str) -> str:
+        self._calls += 1
+        return f"{operation} #{self._calls}"
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        value = self.timeout if timeout is None else float(timeout)
+        if value <= 0:
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}.")
+        return value
+
+    @property
+    def single(self) -> bool:
+        return self.backend.num_processes == 1
+
+    # -- control plane ------------------------------------------------------------------------
+    def barrier(self, operation: str = "wait_for_everyone", timeout: Optional[float] = None) -> None:
+        if self.single:
+            return
+        self.backend.barrier(self._key(operation), self._timeout(timeout))
+
+    def any_flag(self, flag: bool, operation: str = "check_trigger", timeout: Optional[float] = None) -> bool:
+        if self.single:
+            return bool(flag)
+        return self.backend.any_flag(bool(flag), self._key(operation), self._timeout(timeout))
+
+    def all_gather_json(self, value: Any, operation: str = "gather_object", timeout: Optional[float] = None) -> List[Any]:
+        """Every process's JSON-serialisable ``value``, in process order (no pickle)."""
+        if self.single:
+            return [value]
+        data = json.dumps(value).encode()
+        parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
+        return [json.loads(p.decode()) for p in parts]
+
+    def broadcast_json(self, value: Any, src: int = 0, operation: str = "broadcast_object",
+                       timeout: Optional[float] = None) -> Any:
+        """``value`` from process ``src`` on every process (JSON, no pickle)."""
+        if self.single:
+            return value
+        data = json.dumps(value).encode() if self.backend.process_index == src else None
+        return json.loads(self.backend.broadcast_bytes(data, src, self._key(operation), self._timeout(timeout)))
+
+    @contextlib.contextmanager
+    def ordered(self, go_first: bool, operation: str) -> Iterator[None]:
+        """Run the body on ``go_first`` processes, then on the rest; everyone leaves together.
+
+        Two syncs carry a failure flag: "release" (after the first group's bodies, before the
+        others' bodies) and "exit" (after the others' bodies). An exception in any body thus
+        reaches every other process as a `DistributedError` instead of leaving it waiting.
+        """
+        if self.single:
+            yield
+            return
+        if not go_first:
+            if self.any_flag(False, f"{operation} (release)"):
+                raise DistributedError(
+                    f"{operation}: a process that ran the body first raised an exception; see its log above."
+                )
+        failed = False
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if go_first:
+                if self.any_flag(failed, f"{operation} (release)") and not failed:
+                    raise DistributedError(f"{operation}: another process raised an exception in its body.")
+                if not failed and self.any_flag(False, f"{operation} (exit)"):
+                    raise DistributedError(
+                        f"{operation}: a process that ran the body after the main process raised an exception."
+                    )
+            elif self.any_flag(failed, f"{operation} (exit)") and not failed:
+                raise DistributedError(f"{operation}: another process raised an exception in its body.")
+
+    # -- data plane ---------------------------------------------------------------------------
+    def _leaves(self, tree: Any):
+        backend = self.backend
+
+        def is_leaf(value: Any) -> bool:
+            return backend.is_array(value) or isinstance(value, (np.ndarray, np.generic, numbers.Number))
+
+        leaves, rebuild = flatten(tree, is_leaf)
+        arrays = [v if backend.is_array(v) else backend.from_numpy(np.asarray(v)) for v in leaves]
+        return arrays, rebuild
+
+    def gather(self, tree: Any, timeout: Optional[float] = None) -> Any:
+        arrays, rebuild = self._leaves(tree)
+        if self.single:
+            return rebuild([a if a.ndim else a.reshape(1) for a in arrays])
+        return rebuild(self.backend.all_gather_arrays(arrays, self._key("gather"), self._timeout(timeout)))
+
+    def reduce(self, tree: Any, reduction: str = "sum", timeout: Optional[float] = None) -> Any:
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"Invalid reduction: expected 'sum' or 'mean'; received {reduction!r}.")
+        arrays, rebuild = self._leaves(tree)
+        if not self.single:
+            arrays = self.backend.all_reduce_arrays(arrays, "sum", self._key("reduce"), self._timeout(timeout))
+        if reduction == "mean":
+            arrays = [a / self.backend.num_processes for a in arrays]
+        return rebuild(list(arrays))
+
+    def broadcast(self, tree: Any, src: int = 0, timeout: Optional[float] = None) -> Any:
+        if not 0 <= src < self.backend.num_processes:
+            raise ValueError(
+                f"Invalid from_process: expected 0..{self.backend.num_processes - 1}; received {src}."
+            )
+        arrays, rebuild = self._leaves(tree)
+        if self.single:
+            return rebuild(arrays)
+        return rebuild(self.backend.broadcast_arrays(arrays, src, self._key("broadcast"), self._timeout(timeout)))

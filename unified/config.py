@@ -1,0 +1,66 @@
+"""Run configuration objects and enums shared by every backend."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from typing import Optional
+
+__all__ = ["ProjectConfiguration", "DistributedType"]
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes of a run are connected; Accelerate's values for torch plus ``JAX``.
+
+    Example:
+        >>> accelerator.distributed_type == DistributedType.NO   # doctest: +SKIP
+        True
+    """
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    JAX = "JAX"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass
+class ProjectConfiguration:
+    """Where and how `save_state` writes checkpoints (Accelerate's fields and meanings).
+
+    Args:
+        project_dir: root of the run's files; checkpoints go to ``{project_dir}/checkpoints``
+            with automatic naming.
+        logging_dir: where trackers would log; defaults to ``project_dir``.
+        automatic_checkpoint_naming: name saves ``checkpoint_{iteration}`` and count up.
+        total_limit: keep only the newest N automatically named checkpoints.
+        iteration: number of the next automatically named checkpoint.
+        save_on_each_node: accepted for compatibility (every node writes its own shard anyway).
+
+    Example:
+        >>> config = ProjectConfiguration("runs/exp1", automatic_checkpoint_naming=True, total_limit=3)
+        >>> accelerator = Accelerator(project_config=config)   # doctest: +SKIP
+    """
+
+    project_dir: Optional[str] = None
+    logging_dir: Optional[str] = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: Optional[int] = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self) -> None:
+        if self.project_dir is not None:
+            self.project_dir = os.fspath(self.project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+        if self.total_limit is not None and self.total_limit < 1:
+            raise ValueError(f"Invalid total_limit: expected an integer >= 1 or None; received {self.total_limit!r}.")
+
+    def set_directories(self, project_dir: Optional[str] = None) -> None:
+        """Set ``project_dir`` (and ``logging_dir`` when unset), as Accelerate does."""
+        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir

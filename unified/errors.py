@@ -1,0 +1,76 @@
+"""Every exception `unified` raises on purpose.
+
+Messages follow one rule: say what was expected, what happened, and what to do.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = [
+    "UnifiedError",
+    "DistributedError",
+    "BarrierTimeout",
+    "CheckpointError",
+    "BackendUnavailable",
+]
+
+
+class UnifiedError(Exception):
+    """Base class of the errors raised by `unified`."""
+
+
+class DistributedError(UnifiedError, RuntimeError):
+    """A collective operation failed on this process (a peer raised, died or disconnected)."""
+
+
+class BarrierTimeout(DistributedError, TimeoutError):
+    """Some processes did not reach a collective within its timeout, or died before it.
+
+    Attributes:
+        operation: the collective that failed, e.g. ``"wait_for_everyone #17"``.
+        timeout: the timeout in seconds.
+        missing: process indices that did not arrive, or ``None`` when the backend cannot know.
+
+    Example:
+        >>> try:
+        ...     accelerator.wait_for_everyone(timeout=30)      # doctest: +SKIP
+        ... except unified.BarrierTimeout as err:
+        ...     print(err.missing)                              # e.g. [1]
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        timeout: float,
+        missing: Optional[Sequence[int]] = None,
+        *,
+        process_index: int = 0,
+        num_processes: int = 1,
+        detail: str = "",
+    ) -> None:
+        self.operation = operation
+        self.timeout = timeout
+        self.missing = sorted(missing) if missing is not None else None
+        self.process_index = process_index
+        self.num_processes = num_processes
+        if self.missing:
+            who = ", ".join(str(m) for m in self.missing)
+            noun = "process" if len(self.missing) == 1 else "processes"
+            cause = f"{noun} {who} did not arrive - it may have crashed or be stuck"
+        else:
+            cause = "some process did not arrive - it may have crashed or be stuck"
+        message = (
+            f"[process {process_index}/{num_processes}] {operation} timed out after "
+            f"{timeout:g}s; {cause}. Check the other processes' logs for an earlier error"
+        )
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+class CheckpointError(UnifiedError, ValueError):
+    """A checkpoint is missing, incomplete, corrupted, hostile or does not match this run."""
+
+
+class BackendUnavailable(UnifiedError, ImportError):
+    """The requested backend's framework is not installed."""

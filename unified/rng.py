@@ -1,0 +1,49 @@
+"""Python and NumPy global RNG state: capture, restore and seeding, written once for every backend."""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict
+
+import numpy as np
+
+__all__ = ["set_seed", "capture_host_rng", "restore_host_rng"]
+
+
+def set_seed(seed: int, backend: Any = None) -> None:
+    """Seed Python's `random`, NumPy's global generator and, when given, the backend's framework.
+
+    Example:
+        >>> from unified.utils import set_seed
+        >>> set_seed(42)
+    """
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    if backend is not None:
+        backend.seed(seed)
+
+
+def capture_host_rng() -> Dict[str, Any]:
+    """Python and NumPy global generator states as JSON-ready values and NumPy arrays."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": np.asarray(keys, dtype=np.uint32),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+
+
+def restore_host_rng(state: Dict[str, Any]) -> None:
+    """Restore what `capture_host_rng` returned."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"]), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state(
+        (npy["kind"], np.asarray(npy["keys"], dtype=np.uint32), int(npy["pos"]),
+         int(npy["has_gauss"]), float(npy["cached_gaussian"]))
+    )

@@ -1,0 +1,5 @@
+"""Accelerate-compatible helpers: ``from unified.utils import set_seed, ProjectConfiguration``."""
+from .config import DistributedType, ProjectConfiguration
+from .rng import set_seed
+
+__all__ = ["set_seed", "ProjectConfiguration", "DistributedType"]
