@@ -22,6 +22,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 __all__ = ["build_parser", "launch", "main"]
 
 GRACE_SECONDS = 10.0
+# With several machines, machine 0 keeps services (the JAX coordinator) up this long after its
+# own workers ended, so that the other machines' workers can say goodbye to it.
+SERVICE_LINGER_SECONDS = 10.0
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
@@ -48,6 +51,7 @@ class Worker:
     argv: List[str]
     env: Dict[str, str]
     label: Callable[[str], str] = field(default=lambda line: line)
+    service: bool = False  # runs until the workers ended (then SIGTERM), its exit is not a result
 
 
 def free_port() -> int:
@@ -102,14 +106,20 @@ def torch_workers(args: argparse.Namespace, port: int) -> List[Worker]:
 
 
 def jax_workers(args: argparse.Namespace, port: int) -> List[Worker]:
-    """N children with the coordinator variables `backends.jax_backend` reads."""
+    """N children with the coordinator variables `backends.jax_backend` reads; machine 0 also
+    runs JAX's coordination service in a child of its own (see backends/jax_coordinator.py)."""
     total = args.num_processes * args.num_machines
+    address = f"{args.main_process_ip}:{port}"
     workers = []
+    if args.machine_rank == 0:
+        workers.append(Worker([sys.executable, "-m", "backends.jax_coordinator", address, str(total)],
+                              _base_env("jax"), lambda line: f"[coordinator] {line}", service=True))
     for local in range(args.num_processes):
         index = args.machine_rank * args.num_processes + local
         env = _base_env("jax")
         env.update(
-            UNIFIED_COORDINATOR_ADDRESS=f"{args.main_process_ip}:{port}",
+            UNIFIED_COORDINATOR_ADDRESS=address,
+            UNIFIED_COORDINATOR_HOSTED="1",
             UNIFIED_NUM_PROCESSES=str(total),
             UNIFIED_PROCESS_ID=str(index),
             UNIFIED_LOCAL_PROCESS_ID=str(local),
@@ -151,7 +161,7 @@ def _stop_all(procs: Sequence[subprocess.Popen], first: int = signal.SIGTERM) ->
         proc.wait()
 
 
-def run_group(workers: Sequence[Worker]) -> int:
+def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
     """Run the workers to completion; the first failure stops the rest. Returns the exit code."""
     lock = threading.Lock()
     procs: List[subprocess.Popen] = []
@@ -171,19 +181,23 @@ def run_group(workers: Sequence[Worker]) -> int:
             pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, lock), daemon=True)
             pump.start()
             pumps.append(pump)
+        mains = [p for p, w in zip(procs, workers) if not w.service]
         code = 0
         while True:
             if interrupted:
                 _stop_all(procs, signal.SIGINT if interrupted[0] == signal.SIGINT else signal.SIGTERM)
                 code = 130 if interrupted[0] == signal.SIGINT else 143
                 break
-            codes = [p.poll() for p in procs]
+            codes = [p.poll() for p in mains]
             failed = [c for c in codes if c not in (None, 0)]
+            failed += [p.returncode or 1 for p, w in zip(procs, workers) if w.service and p.poll() is not None]
             if failed:
                 code = failed[0] if failed[0] > 0 else 128 - failed[0]
                 _stop_all(procs)
                 break
             if all(c == 0 for c in codes):
+                time.sleep(SERVICE_LINGER_SECONDS if len(mains) < len(procs) and remote_peers else 0)
+                _stop_all(procs)
                 break
             time.sleep(0.05)
     finally:
@@ -205,7 +219,7 @@ def launch(args: argparse.Namespace) -> int:
     port = args.main_process_port
     if port is None:
         port = free_port() if args.num_machines == 1 else 29500
-    return run_group(_WORKER_BUILDERS[backend](args, port))
+    return run_group(_WORKER_BUILDERS[backend](args, port), remote_peers=args.num_machines > 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

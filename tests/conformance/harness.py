@@ -37,7 +37,8 @@ def group_env(backend: str, rank: int, size: int, port: int, local_rank: int, lo
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
                    LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size), OMP_NUM_THREADS="1")
     else:
-        env.update(UNIFIED_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", UNIFIED_NUM_PROCESSES=str(size),
+        env.update(UNIFIED_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", UNIFIED_COORDINATOR_HOSTED="1",
+                   UNIFIED_NUM_PROCESSES=str(size),
                    UNIFIED_PROCESS_ID=str(rank), UNIFIED_LOCAL_PROCESS_ID=str(local_rank),
                    UNIFIED_LOCAL_NUM_PROCESSES=str(local_size))
     return env
@@ -81,6 +82,11 @@ def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path,
     out.mkdir(parents=True)
     port = free_port()
     procs, logs = [], []
+    service = None
+    if backend == "jax" and size > 1:  # as `unified launch` does: the service outlives every worker
+        service = subprocess.Popen([sys.executable, "-m", "backends.jax_coordinator", f"127.0.0.1:{port}", str(size)],
+                                   env=group_env(backend, 0, 1, port, 0, 1), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(ROOT))
     rank = 0
     for machine_size in local_sizes:
         for local in range(machine_size):
@@ -109,6 +115,9 @@ def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path,
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     elapsed = time.monotonic() - start
+    if service is not None:
+        os.killpg(service.pid, signal.SIGKILL)
+        service.wait()
     for log in logs:
         log.close()
     results = []

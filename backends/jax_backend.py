@@ -1,0 +1,244 @@
+"""JAX primitives for `unified`: jax.distributed with timeouts through the coordination service.
+
+Control-plane collectives (barrier, flags, small bytes) go through the coordination service's
+barrier and key-value store, which take deadlines; device collectives cannot time out, so the
+array collectives are preceded by a timed barrier. ``jax_enable_recoverability`` is switched on
+before joining, so that a dead peer gives survivors an exception instead of aborting them.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import re
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from unified.backend import Backend
+from unified.errors import BarrierTimeout, DistributedError
+
+_PREFIX = "unified/"
+
+
+def _cluster_detected() -> bool:
+    """True when JAX's own cluster auto-detection (SLURM, Open MPI, ...) would find a group."""
+    try:
+        from jax._src import clusters
+
+        return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types
+                   if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster"))
+    except Exception:  # private API: treat any change as "no cluster"
+        return False
+
+
+def _missing_from_message(message: str) -> Optional[List[int]]:
+    """Parse the coordination service's "Some timed out task names:" list."""
+    match = re.search(r"timed out task names:\s*\n((?:.*\n?)*?)(?:\n\n|$)", message)
+    if not match:
+        return None
+    tasks = [int(n) for n in re.findall(r"(?:task:)?(\d+)\s*$", match.group(1), re.MULTILINE)]
+    return tasks or None
+
+
+@contextlib.contextmanager
+def _no_service_here(active: bool) -> Iterator[None]:
+    """While ``active``, make ``jax.distributed.initialize`` on process 0 join the launcher's
+    coordination service (backends/jax_coordinator.py) instead of starting its own."""
+    if not active:
+        yield
+        return
+    from jax._src import distributed
+
+    original = distributed._jax.get_distributed_runtime_service
+    distributed._jax.get_distributed_runtime_service = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        distributed._jax.get_distributed_runtime_service = original
+
+
+def _detach_runtime() -> None:
+    """Leave the coordination service without its shutdown RPCs.
+
+    In recoverable mode JAX's shutdown has no barrier, so whichever process hosts the service
+    may exit first; another process's ``client.shutdown()`` then finds no service and the
+    runtime aborts it (SIGABRT). We already met every peer at a timed barrier (end_training),
+    or the group is broken, so we drop JAX's handles instead and keep them referenced forever
+    so that no destructor runs the RPCs at exit either.
+    """
+    from jax._src.distributed import global_state
+
+    for name in ("preemption_sync_manager", "client", "service"):
+        handle = getattr(global_state, name, None)
+        if handle is not None:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+            setattr(global_state, name, None)
+
+
+class JaxBackend(Backend):
+    """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
+
+    name = "jax"
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        self._owns_runtime = False
+        self._external_service = False
+        self._stale_keys: List[str] = []
+        self._key_seed = 0
+        self._key_counter = 0
+        self.distributed_type = "NO"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, timeout: float) -> None:
+        from jax._src.distributed import global_state
+
+        env = os.environ
+        address = env.get("UNIFIED_COORDINATOR_ADDRESS")
+        if global_state.client is None and (address or _cluster_detected()):
+            jax.config.update("jax_enable_recoverability", True)
+            kwargs: Dict[str, Any] = {"initialization_timeout": int(max(30, min(timeout, 600)))}
+            if address:
+                index = int(env["UNIFIED_PROCESS_ID"])
+                kwargs.update(coordinator_address=address, num_processes=int(env["UNIFIED_NUM_PROCESSES"]),
+                              process_id=index)
+                kwargs["coordinator_bind_address"] = address  # not every interface
+            self._external_service = env.get("UNIFIED_COORDINATOR_HOSTED") == "1"
+            try:
+                with _no_service_here(self._external_service):
+                    jax.distributed.initialize(**kwargs)
+            except RuntimeError as err:
+                raise DistributedError(
+                    f"Could not join the JAX process group ({err}). Create the Accelerator before any "
+                    "JAX computation, and check that every process got the same coordinator address."
+                ) from err
+            self._owns_runtime = True
+            atexit.register(self.shutdown)  # runs before JAX's own exit hook (LIFO)
+        self._client = global_state.client
+        self.process_index = jax.process_index()
+        self.num_processes = jax.process_count()
+        self.local_process_index = int(env.get("UNIFIED_LOCAL_PROCESS_ID", "0"))
+        self.local_num_processes = int(env.get("UNIFIED_LOCAL_NUM_PROCESSES", "1"))
+        if self.num_processes > 1:
+            self.distributed_type = "JAX"
+
+    def shutdown(self) -> None:
+        if not self._owns_runtime:
+            return
+        self._owns_runtime = False
+        if self._external_service:  # the launcher's service outlives us: a normal goodbye is safe
+            try:
+                jax.distributed.shutdown()
+            except Exception:
+                _detach_runtime()
+        else:
+            _detach_runtime()
+
+    @property
+    def device(self) -> Any:
+        return jax.local_devices()[0]
+
+    # -- control plane --------------------------------------------------------------------------
+    def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> BarrierTimeout:
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return BarrierTimeout(key, timeout, missing, process_index=self.process_index,
+                              num_processes=self.num_processes, detail=f"jax coordination service: {first_line}")
+
+    def barrier(self, key: str, timeout: float) -> None:
+        try:
+            self._client.wait_at_barrier(_PREFIX + key, int(timeout * 1000))
+        except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED or a lost coordinator
+            raise self._timeout_error(key, timeout, err, _missing_from_message(str(err))) from err
+        self._drop_stale_keys()
+
+    def _drop_stale_keys(self) -> None:
+        """Delete keys this process wrote before the barrier just passed: everyone has read them."""
+        for stale in self._stale_keys:
+            try:
+                self._client.key_value_delete(stale)
+            except Exception:
+                pass
+        self._stale_keys.clear()
+
+    def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
+        directory = f"{_PREFIX}flag/{key}/"
+        if flag:
+            mine = f"{directory}{self.process_index}"
+            self._client.key_value_set(mine, "1")
+        self.barrier(key, timeout)
+        if flag:
+            self._stale_keys.append(mine)
+            return True
+        return bool(self._client.key_value_dir_get(directory))
+
+    def _get_bytes(self, name: str, owner: int, key: str, timeout: float) -> bytes:
+        try:
+            return self._client.blocking_key_value_get_bytes(name, int(timeout * 1000))
+        except Exception as err:
+            raise self._timeout_error(key, timeout, err, [owner]) from err
+
+    def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
+        directory = f"{_PREFIX}bytes/{key}/"
+        mine = f"{directory}{self.process_index}"
+        self._client.key_value_set_bytes(mine, data)
+        self._stale_keys.append(mine)
+        return [data if r == self.process_index else self._get_bytes(f"{directory}{r}", r, key, timeout)
+                for r in range(self.num_processes)]
+
+    def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
+        name = f"{_PREFIX}bytes/{key}"
+        if self.process_index == src:
+            self._client.key_value_set_bytes(name, data or b"")
+            self._stale_keys.append(name)
+            return data or b""
+        return self._get_bytes(name, src, key, timeout)
+
+    # -- data plane -------------------------------------------------------------------------------
+    def is_array(self, value: Any) -> bool:
+        return isinstance(value, jax.Array)
+
+    def _gathered(self, arrays: Sequence[Any], key: str, timeout: float, tiled: bool) -> List[np.ndarray]:
+        self.barrier(f"{key} (arrival)", timeout)  # device collectives cannot time out: meet first
+        return [np.asarray(multihost_utils.process_allgather(a, tiled=tiled)) for a in arrays]
+
+    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
+        arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
+        return [jnp.asarray(g) for g in self._gathered(arrays, key, timeout, tiled=True)]
+
+    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
+        return [jnp.asarray(g.sum(axis=0)) for g in self._gathered(arrays, key, timeout, tiled=False)]
+
+    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
+        return [jnp.asarray(g[src]) for g in self._gathered(arrays, key, timeout, tiled=False)]
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        return np.asarray(jax.device_get(value))
+
+    def from_numpy(self, value: Any, like: Any = None) -> Any:
+        if like is not None and hasattr(like, "sharding"):
+            return jax.device_put(value, like.sharding)
+        return jnp.asarray(value)
+
+    # -- RNG: the Accelerator's key stream ------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        self._key_seed = int(seed)
+        self._key_counter = 0
+
+    def next_key(self) -> Any:
+        """A fresh `jax.random` key: the stream's seed folded with a counter."""
+        key = jax.random.fold_in(jax.random.key(self._key_seed), self._key_counter)
+        self._key_counter += 1
+        return key
+
+    def rng_state(self) -> Dict[str, np.ndarray]:
+        return {"jax_key_stream": np.array([self._key_seed, self._key_counter], dtype=np.int64)}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        if "jax_key_stream" not in state:
+            raise DistributedError("The checkpoint has no JAX key-stream state; refusing to resume without it.")
+        self._key_seed, self._key_counter = (int(v) for v in np.asarray(state["jax_key_stream"]))
