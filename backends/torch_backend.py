@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from unified.backend import Backend
 from unified.errors import BarrierTimeout, DistributedError
@@ -182,7 +183,7 @@ class TorchBackend(Backend):
         return value.detach().cpu().numpy()
 
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        tensor = _tensor_from_numpy(np.ascontiguousarray(value))
         return tensor.to(like.device if like is not None else self._device)
 
     # -- RNG ----------------------------------------------------------------------------------------
@@ -208,3 +209,59 @@ class TorchBackend(Backend):
                     f"this process sees {torch.cuda.device_count()}."
                 )
             torch.cuda.set_rng_state_all([torch.from_numpy(np.asarray(s, dtype=np.uint8)) for s in cuda])
+
+    # -- arrays in checkpoints -------------------------------------------------------------------------
+    def export_array(self, value: Any):
+        tensor = value.detach()
+        if tensor.device.type != "cpu":
+            tensor = tensor.cpu()
+        tensor = tensor.contiguous()
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors")
+        raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+        return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
+
+    # -- training objects ------------------------------------------------------------------------------
+    def prepare(self, obj: Any):
+        if isinstance(obj, torch.nn.Module):
+            obj = obj.to(self._device)
+            if self.num_processes > 1 and not isinstance(obj, DDP):
+                has_grads = any(p.requires_grad for p in obj.parameters())
+                if has_grads:
+                    obj = DDP(obj, device_ids=[self._device] if self._device.type == "cuda" else None)
+            return "model", obj
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer", obj
+        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
+            return "scheduler", obj
+        if isinstance(obj, torch.amp.GradScaler):
+            return "scaler", obj
+        return None
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        loss.backward(**kwargs)
+
+    def unwrap_model(self, model: Any) -> Any:
+        while isinstance(model, DDP) or hasattr(model, "_orig_mod"):
+            model = model.module if isinstance(model, DDP) else model._orig_mod
+        return model
+
+    def state_of(self, kind: str, obj: Any) -> Any:
+        return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
+
+    def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
+        target = self.unwrap_model(obj) if kind == "model" else obj
+        target.load_state_dict(state)
+
+
+def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL", torch.complex64: "C64",
+}

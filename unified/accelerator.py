@@ -4,11 +4,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Callable, Iterator, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, Optional, TypeVar, Union
 
 from .backend import Backend, create_backend, resolve_backend_name
 from .collectives import Collectives
 from .config import DistributedType, ProjectConfiguration
+from .checkpoint.asynchronous import AsyncSave
+from .checkpoint.manager import CheckpointManager, Entry
+from .checkpoint.files import save_arrays
+from .data import prepare_loader
+from .errors import CheckpointError, RegistrationError
 from .rng import set_seed
 
 __all__ = ["Accelerator"]
@@ -61,7 +66,9 @@ class Accelerator:
         self._init_state()
 
     def _init_state(self) -> None:
-        """Hook for the checkpoint and data mixins (kept empty here)."""
+        self._checkpoints = CheckpointManager(self._backend, self._collectives, self.project_configuration)
+        self._counts: Dict[str, int] = {}
+        self._async_save: Optional[AsyncSave] = None
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -238,6 +245,178 @@ class Accelerator:
         """
         return self._collectives.all_gather_json(value)
 
+    # -- preparing and checkpointing ------------------------------------------------------------
+    def prepare(self, *objects: Any) -> Any:
+        """Make models, optimizers, schedulers, scalers and data loaders ready for this backend.
+
+        Returns the objects in the same order (one object when one was given). Prepared objects
+        are saved and restored by `save_state` / `load_state` without further calls.
+
+        Example:
+            >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        """
+        prepared = [self._prepare_one(i, obj) for i, obj in enumerate(objects)]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, position: int, obj: Any) -> Any:
+        loader = prepare_loader(obj, self._backend, self.seed)
+        if loader is not None:
+            self._track("dataloader", loader, loader.state_dict, loader.load_state_dict)
+            return loader
+        result = self._backend.prepare(obj)
+        if result is None:
+            raise TypeError(
+                f"prepare() argument {position} is a {type(obj).__module__}.{type(obj).__qualname__}, which the "
+                f"{self.backend!r} backend cannot prepare. Expected a model, optimizer, LR scheduler, "
+                "gradient scaler or data loader; register other stateful objects with register_for_checkpointing()."
+            )
+        kind, prepared = result
+        backend = self._backend
+        self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
+                    lambda state: backend.load_state_into(kind, prepared, state))
+        return prepared
+
+    def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
+        index = self._counts.get(kind, 0)
+        self._counts[kind] = index + 1
+        name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
+        self._checkpoints.add(Entry(name, get_state, set_state))
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and
+        ``load_state_dict()``. Their state may hold arrays, numbers, strings, lists and dicts.
+
+        Raises an error that is both `ValueError` and `TypeError`, listing every offending
+        object by position, when some object lacks either method.
+
+        Example:
+            >>> accelerator.register_for_checkpointing(scheduler, my_counter)
+        """
+        bad = [f"- item {i}: {type(o).__qualname__}" for i, o in enumerate(objects)
+               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
+        if bad:
+            raise RegistrationError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:\n" + "\n".join(bad)
+            )
+        backend = self._backend
+        for obj in objects:
+            self._track("custom_checkpoint", obj, obj.state_dict,
+                        lambda state, o=obj: o.load_state_dict(state))
+
+    def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
+                   async_save: Optional[bool] = None, **save_model_func_kwargs: Any) -> str:
+        """Write models, optimizers, schedulers, scalers, data positions, registered objects and
+        every RNG state of every process into a checkpoint directory, atomically.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directory is
+        ``{project_dir}/checkpoints/checkpoint_{iteration}``. ``async_save=True`` returns after
+        a host snapshot and writes in the background (see `wait_for_checkpoint`).
+        ``safe_serialization`` is accepted for Accelerate scripts: files are always safetensors.
+
+        Returns the checkpoint directory.
+
+        Example:
+            >>> path = accelerator.save_state()            # automatic naming
+            >>> path = accelerator.save_state("ckpt/last")  # an explicit directory
+        """
+        self.wait_for_checkpoint()
+        manager = self._checkpoints
+        final = manager.resolve_save_dir(output_dir)
+        if async_save is None:
+            async_save = self.project_configuration.async_save
+        iteration = self.project_configuration.iteration
+        if self.project_configuration.automatic_checkpoint_naming:
+            self.project_configuration.iteration += 1
+        if not async_save:
+            return manager.save(final, manager.snapshot(iteration))
+        token, tmp = manager.begin(final)
+        snapshot = manager.snapshot(iteration, copy=True)
+        self._async_save = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
+        return final
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background `save_state(async_save=True)` is committed; re-raise its error.
+
+        Example:
+            >>> accelerator.save_state(async_save=True)
+            >>> accelerator.wait_for_checkpoint()
+        """
+        pending, self._async_save = self._async_save, None
+        if pending is None:
+            return
+        error: Optional[BaseException] = None
+        try:
+            pending.result()
+        except BaseException as err:  # noqa: BLE001 - shared with the other processes below
+            error = err
+        # A collective after the join: the main process has committed when anyone returns, and
+        # a failure on any process fails the call everywhere.
+        if self._collectives.any_flag(error is not None, "wait_for_checkpoint") and error is None:
+            raise CheckpointError("a background save_state failed on another process; see its error")
+        if error is not None:
+            raise error
+
+    def load_state(self, input_dir: Optional[str] = None, **load_kwargs: Any) -> str:
+        """Restore everything `save_state` wrote, in place, on every process.
+
+        Without ``input_dir`` and with automatic naming, loads the newest complete checkpoint
+        of ``{project_dir}/checkpoints``; afterwards the next automatic save never collides.
+        Accelerate's ``map_location``/``strict`` keywords are accepted. Returns the directory.
+
+        Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
+        mismatched checkpoint, before any object is modified.
+
+        Example:
+            >>> accelerator.load_state()                    # newest checkpoint
+            >>> accelerator.load_state("ckpt/last")
+        """
+        unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
+        if unknown:
+            raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        self.wait_for_checkpoint()
+        directory = self._checkpoints.resolve_load_dir(input_dir)
+        self._checkpoints.load(directory)
+        return directory
+
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True) -> Any:
+        """The user's model without distributed wrappers (DDP, torch.compile).
+
+        Example:
+            >>> accelerator.unwrap_model(model).state_dict()
+        """
+        return self._backend.unwrap_model(model)
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """``loss.backward()`` (torch). JAX computes gradients inside the jitted step instead.
+
+        Example:
+            >>> accelerator.backward(loss)
+        """
+        self._backend.backward(loss, **kwargs)
+
+    def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
+        """Write the model's weights as ``model.safetensors`` from the main process only.
+
+        Example:
+            >>> accelerator.save_model(model, "final_model")
+        """
+        path = os.path.join(os.fspath(save_directory), "model.safetensors")
+        if self.is_main_process:
+            os.makedirs(save_directory, exist_ok=True)
+            save_arrays(path, self._backend, self._backend.state_of("model", model))
+        self.wait_for_everyone()
+        return path
+
+    def next_key(self) -> Any:
+        """A fresh ``jax.random`` key from the Accelerator's stream (seeded by ``seed``; saved
+        and restored with every checkpoint). JAX backend only.
+
+        Example:
+            >>> dropout_key = accelerator.next_key()
+        """
+        return self._backend.next_key()
+
     # -- the end ------------------------------------------------------------------------------
     def end_training(self) -> None:
         """Finish pending work, wait for every process and leave the process group.
@@ -250,7 +429,7 @@ class Accelerator:
         self._backend.shutdown()
 
     def _finish_pending(self) -> None:
-        """Hook for background checkpoint writes (kept empty here)."""
+        self.wait_for_checkpoint()
 
     def __repr__(self) -> str:
         return (

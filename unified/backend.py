@@ -93,6 +93,40 @@ class Backend:
         """This framework's array from NumPy (placed like ``like`` when given)."""
         raise NotImplementedError
 
+    def export_array(self, value: Any) -> Tuple[str, Tuple[int, ...], Any]:
+        """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
+        this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
+        raise NotImplementedError
+
+    # -- training objects ---------------------------------------------------------------------
+    def prepare(self, obj: Any) -> Optional[Tuple[str, Any]]:
+        """``(kind, prepared)`` for a framework object (kind: ``"model"``, ``"optimizer"``,
+        ``"scheduler"``, ``"scaler"``), or ``None`` when the object is not this framework's."""
+        return None
+
+    def unwrap_model(self, model: Any) -> Any:
+        return model
+
+    def state_of(self, kind: str, obj: Any) -> Any:
+        """The object's state as a tree of arrays and plain values (see `unified.checkpoint.codec`)."""
+        return obj.state_dict()
+
+    def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
+        """Restore ``state`` (a tree whose arrays are NumPy) into ``obj`` in place."""
+        raise NotImplementedError
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            f"backward() does not apply to the {self.name!r} backend: compute gradients inside your "
+            "train step (e.g. nnx.value_and_grad) and apply them with the optimizer."
+        )
+
+    def next_key(self) -> Any:
+        raise NotImplementedError(
+            f"next_key() is the JAX key stream; the {self.name!r} backend seeds its global generators "
+            "from Accelerator(seed=...) instead (use torch.Generator for explicit streams)."
+        )
+
     # -- framework RNG ------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
         """Seed the framework's global generators (Python and NumPy are seeded by `unified`)."""

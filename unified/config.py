@@ -38,6 +38,7 @@ class ProjectConfiguration:
         total_limit: keep only the newest N automatically named checkpoints.
         iteration: number of the next automatically named checkpoint.
         save_on_each_node: accepted for compatibility (every node writes its own shard anyway).
+        async_save: make `save_state` write in the background by default.
 
     Example:
         >>> config = ProjectConfiguration("runs/exp1", automatic_checkpoint_naming=True, total_limit=3)
@@ -50,6 +51,7 @@ class ProjectConfiguration:
     total_limit: Optional[int] = None
     iteration: int = 0
     save_on_each_node: bool = False
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:

@@ -74,3 +74,7 @@ class CheckpointError(UnifiedError, ValueError):
 
 class BackendUnavailable(UnifiedError, ImportError):
     """The requested backend's framework is not installed."""
+
+
+class RegistrationError(UnifiedError, ValueError, TypeError):
+    """`register_for_checkpointing` got objects without ``state_dict`` / ``load_state_dict``."""

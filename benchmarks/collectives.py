@@ -1,0 +1,215 @@
+"""Per-call latency of `wait_for_everyone` and `check_trigger` against the raw primitives.
+
+Run from the repository root:
+
+    python benchmarks/collectives.py [--iters 2000] [--block 50] [--backends torch,jax]
+
+For each backend the script launches itself on 2 processes with
+``python -m unified launch -n 2 --backend B benchmarks/collectives.py --worker ...``.
+Each worker creates ``Accelerator()``, warms up, then measures every call on its own
+(``time.perf_counter_ns``), alternating blocks of raw and ours calls (the order flips every
+block, so drift in machine load hits both sides alike). Process 0 prints one JSON line with
+the medians; the parent prints a markdown table.
+
+What is compared:
+
+* torch: ``wait_for_everyone`` vs ``torch.distributed.barrier()``; ``check_trigger`` vs a
+  1-element int32 ``all_reduce(op=MAX)`` on the default gloo group (tensor creation and
+  ``.item()`` included, as a hand-written trigger needs both).
+* jax: ``wait_for_everyone`` vs the coordination-service barrier
+  ``global_state.client.wait_at_barrier(key, timeout_ms)``; ``check_trigger`` vs that same
+  barrier (our trigger is barrier + ``key_value_dir_get``). For information only, two more
+  rows: raw barrier + ``key_value_dir_get`` (the same two RPCs done by hand) and a raw device
+  all-reduce (one int32 per process via ``jax.make_array_from_process_local_data`` on
+  ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "UNIFIED_BENCH_JSON "
+RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
+
+
+# -- measurement (runs in every worker; all processes run the same call sequence) ----------------
+def _measure(pairs: Dict[str, Callable[[], object]], iters: int, block: int, warmup: int) -> Dict[str, dict]:
+    """Time every call of each function in ``pairs``, interleaving them block by block.
+
+    Blocks rotate through the functions, and the rotation start advances each round, so every
+    function is measured equally often early and late in each round.
+    """
+    names = list(pairs)
+    for name in names:
+        for _ in range(warmup):
+            pairs[name]()
+    samples: Dict[str, List[int]] = {name: [] for name in names}
+    clock = time.perf_counter_ns
+    rounds = max(1, iters // block)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            fn, out = pairs[name], samples[name]
+            for _ in range(block):
+                t0 = clock()
+                fn()
+                out.append(clock() - t0)
+    result = {}
+    for name, values in samples.items():
+        values.sort()
+        n = len(values)
+        result[name] = {
+            "median_us": statistics.median(values) / 1e3,
+            "p10_us": values[n // 10] / 1e3,
+            "p90_us": values[(9 * n) // 10] / 1e3,
+            "n": n,
+        }
+    return result
+
+
+def _torch_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
+    import torch
+    import torch.distributed as dist
+
+    def raw_barrier() -> None:
+        dist.barrier()
+
+    def raw_flag() -> bool:
+        value = torch.tensor([0], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    return {
+        "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier},
+        "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_flag},
+    }
+
+
+def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax._src.distributed import global_state
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    client = global_state.client
+    timeout_ms = int(RAW_TIMEOUT_S * 1000)
+    counter = [0]
+
+    def raw_barrier() -> None:
+        counter[0] += 1
+        client.wait_at_barrier(f"bench/raw #{counter[0]}", timeout_ms)
+
+    def raw_barrier_dir_get() -> bool:
+        counter[0] += 1
+        key = f"bench/raw #{counter[0]}"
+        client.wait_at_barrier(key, timeout_ms)
+        return bool(client.key_value_dir_get(f"bench/flag/{key}/"))
+
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    sharded = NamedSharding(mesh, PartitionSpec("data"))
+    total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    local = len(jax.local_devices())
+
+    def raw_psum() -> bool:
+        flag = np.zeros((local,), dtype=np.int32)
+        value = total(jax.make_array_from_process_local_data(sharded, flag))
+        return bool(np.asarray(value.addressable_data(0)))
+
+    return {
+        "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier},
+        "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_barrier,
+                          "info: raw barrier + key_value_dir_get": raw_barrier_dir_get,
+                          "info: raw device psum (jit)": raw_psum},
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    from unified import Accelerator
+
+    accelerator = Accelerator()
+    build = {"torch": _torch_pairs, "jax": _jax_pairs}[accelerator.backend]
+    rows = []
+    for operation, pairs in build(accelerator).items():
+        stats = _measure(pairs, args.iters, args.block, args.warmup)
+        rows.append({"operation": operation, "stats": stats})
+    if accelerator.is_main_process:
+        print(MARKER + json.dumps({"backend": accelerator.backend, "num_processes": accelerator.num_processes,
+                                   "iters": args.iters, "block": args.block, "rows": rows}), flush=True)
+    accelerator.end_training()
+
+
+# -- parent: launch one group per backend and print the table ----------------------------------
+def run_backend(backend: str, args: argparse.Namespace) -> Optional[dict]:
+    command = [sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
+               str(Path(__file__).resolve()), "--worker", "--iters", str(args.iters),
+               "--block", str(args.block), "--warmup", str(args.warmup)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    started = time.monotonic()
+    proc = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=args.group_timeout)
+    elapsed = time.monotonic() - started
+    pattern = re.compile(r"^\[0\]\s*" + re.escape(MARKER) + r"(.*)$")
+    for line in proc.stdout.splitlines():
+        match = pattern.match(line)
+        if match:
+            result = json.loads(match.group(1))
+            result["wall_s"] = elapsed
+            return result
+    sys.stderr.write(f"{backend}: no result (exit code {proc.returncode}); output:\n{proc.stdout}\n")
+    return None
+
+
+def table(results: List[dict]) -> str:
+    lines = ["| backend | operation | ours median (µs) | raw median (µs) | ratio |",
+             "|---|---|---:|---:|---:|"]
+    for result in results:
+        for row in result["rows"]:
+            stats = row["stats"]
+            ours = stats["ours"]["median_us"]
+            for name, s in stats.items():
+                if name == "ours":
+                    continue
+                label = row["operation"] if name == "raw" else f"{row['operation']} ({name})"
+                lines.append(f"| {result['backend']} | {label} | {ours:.1f} | {s['median_us']:.1f} | "
+                             f"{ours / s['median_us']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=2000, help="timed calls per variant (default 2000)")
+    parser.add_argument("--block", type=int, default=50, help="calls per interleaved block (default 50)")
+    parser.add_argument("--warmup", type=int, default=100, help="untimed calls per variant first (default 100)")
+    parser.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
+    parser.add_argument("--group-timeout", type=float, default=300.0, help="seconds per backend run")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    results = []
+    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+        result = run_backend(backend, args)
+        if result is None:
+            return 1
+        results.append(result)
+        print(f"{backend}: {result['num_processes']} processes, {result['iters']} calls per variant "
+              f"(blocks of {result['block']}), {result['wall_s']:.1f} s", file=sys.stderr)
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""save_state / load_state: the one sequence both backends share.
+
+save: every process writes its part into a temporary directory (the main process the
+replicated objects, each process its RNG state), reports its files' sizes and checksums; the
+main process writes the manifest last and renames the directory into place; then everyone
+returns. load: verify the manifest and every file before touching any object, then restore.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+import zlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..rng import capture_host_rng, restore_host_rng
+from . import codec, layout, safetensors_io
+from .manifest import read_manifest, write_manifest, check_file_name
+
+
+def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors:
+        raise CheckpointError(
+            f"save_state({final!r}) failed and was not committed; the previous checkpoint is intact. "
+            f"{'; '.join(errors)}"
+        )
+
+
+@dataclass
+class Entry:
+    """One object saved in every checkpoint: its name, and how to get and set its state."""
+
+    name: str
+    get_state: Callable[[], Any]
+    set_state: Callable[[Any], None]
+
+
+@dataclass
+class Snapshot:
+    """Host copies of everything one process writes, taken before any file is written."""
+
+    iteration: int = 0
+    files: Dict[str, Dict[str, safetensors_io.Exported]] = field(default_factory=dict)
+    structures: Dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointManager:
+    """Saves and loads an Accelerator's registered state. One per Accelerator.
+
+    ``backend`` provides array export and the framework RNG; ``collectives`` the timed syncs.
+    """
+
+    def __init__(self, backend: Any, collectives: Any, config: Any) -> None:
+        self.backend = backend
+        self.collectives = collectives
+        self.config = config
+        self.entries: List[Entry] = []
+
+    # -- what gets saved ----------------------------------------------------------------------------
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+
+    def _export(self, value: Any, copy: bool) -> safetensors_io.Exported:
+        if isinstance(value, np.ndarray):
+            dtype, shape, raw = safetensors_io.export_numpy(value)
+        else:
+            dtype, shape, raw = self.backend.export_array(value)
+        return dtype, shape, (raw.copy() if copy else raw)
+
+    def snapshot(self, iteration: int, copy: bool = False) -> Snapshot:
+        """Everything this process must write, as host arrays. ``copy`` detaches them from the
+        live training state (async saves), at the cost of one memory copy."""
+        snap = Snapshot(iteration=iteration)
+        if self.backend.process_index == 0:
+            for entry in self.entries:
+                try:
+                    structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
+                except TypeError as err:
+                    raise CheckpointError(f"cannot save {entry.name}: {err}") from err
+                snap.structures[entry.name] = structure
+                snap.files[f"{entry.name}.safetensors"] = {k: self._export(v, copy) for k, v in arrays.items()}
+        rank = self.backend.process_index
+        rng = {"host": capture_host_rng(), "framework": self.backend.rng_state()}
+        structure, arrays = codec.encode(rng, lambda x: False, f"rng_{rank}")
+        snap.structures[f"rng_{rank}"] = structure
+        snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, copy) for k, v in arrays.items()}
+        return snap
+
+    # -- save ----------------------------------------------------------------------------------------
+    def resolve_save_dir(self, output_dir: Optional[str]) -> str:
+        config = self.config
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError("automatic_checkpoint_naming needs ProjectConfiguration(project_dir=...).")
+            if output_dir is not None:
+                raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir.")
+            folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
+            highest = layout.highest_number(folder)
+            if highest is not None and config.iteration <= highest:
+                config.iteration = highest + 1  # never collide with an existing checkpoint_N
+            return layout.automatic_dir(config.project_dir, config.iteration)
+        target = output_dir if output_dir is not None else config.project_dir
+        if target is None:
+            raise ValueError(
+                "save_state() needs a directory: pass output_dir, or set project_dir, or enable "
+                "ProjectConfiguration(automatic_checkpoint_naming=True)."
+            )
+        return os.fspath(target)
+
+    def begin(self, final: str) -> Tuple[str, str]:
+        """Agree on a token for this save (collective); returns ``(token, temporary directory)``."""
+        token = self.collectives.broadcast_json(uuid.uuid4().hex[:12] if self.backend.process_index == 0 else None,
+                                                operation="save_state (begin)")
+        return token, layout.temporary_dir(final, token)
+
+    def write_part(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
+        """Write this process's files; returns its report (or an ``error``), never raises OSError."""
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            files = {name: safetensors_io.write(os.path.join(tmp, name), arrays) for name, arrays in snap.files.items()}
+            return {"files": files, "structures": snap.structures}
+        except OSError as err:
+            return {"error": f"process {self.backend.process_index}: {err}"}
+
+    def save(self, final: str, snap: Snapshot) -> str:
+        """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
+        token, tmp = self.begin(final)
+        reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
+        if self.backend.process_index == 0:
+            self._commit(final, tmp, token, reports, snap.iteration)
+        self.collectives.barrier("save_state (committed)")
+        _raise_reported(final, reports)
+        return final
+
+    def save_in_background(self, final: str, token: str, tmp: str, snap: Snapshot) -> str:
+        """The async variant, run in a thread on every process, without collectives: each process
+        leaves a part marker in ``tmp``; the main process waits for all markers, then commits."""
+        report = self.write_part(tmp, snap)
+        rank, count = self.backend.process_index, self.backend.num_processes
+        if rank != 0:
+            marker = os.path.join(tmp, f"part_{rank}.json")
+            with open(marker + ".partial", "w") as handle:
+                json.dump(report, handle)
+            os.replace(marker + ".partial", marker)
+            return final
+        reports = [report] + [self._wait_marker(os.path.join(tmp, f"part_{r}.json")) for r in range(1, count)]
+        self._commit(final, tmp, token, reports, snap.iteration)
+        _raise_reported(final, reports)
+        return final
+
+    def _wait_marker(self, path: str) -> Dict[str, Any]:
+        deadline = time.monotonic() + self.collectives.timeout
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                return {"error": f"{path} did not appear within {self.collectives.timeout:g}s"}
+            time.sleep(0.01)
+        with open(path) as handle:
+            report = json.load(handle)
+        os.remove(path)
+        return report
+
+    def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], iteration: int) -> None:
+        """Main process: write the manifest last, rename into place, apply retention."""
+        if any("error" in r for r in reports):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        files: Dict[str, Any] = {}
+        structures: Dict[str, Any] = {}
+        for r in reports:
+            files.update(r["files"])
+            structures.update(r["structures"])
+        write_manifest(tmp, {
+            "backend": self.backend.name,
+            "num_processes": self.backend.num_processes,
+            "iteration": iteration,
+            "objects": [e.name for e in self.entries],
+            "files": files,
+            "structures": structures,
+        })
+        layout.commit(tmp, final, token)
+        parent = os.path.dirname(os.path.abspath(final))
+        layout.remove_stale_temporaries(parent)
+        if self.config.automatic_checkpoint_naming:
+            layout.apply_retention(parent, self.config.total_limit, keep=final)
+
+    # -- load ----------------------------------------------------------------------------------------
+    def resolve_load_dir(self, input_dir: Optional[str]) -> str:
+        if input_dir is not None:
+            layout.recover(os.fspath(input_dir))
+            return os.fspath(input_dir)
+        config = self.config
+        if config.automatic_checkpoint_naming and config.project_dir is not None:
+            folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
+            found = layout.numbered_checkpoints(folder)
+            if not found:
+                raise CheckpointError(f"{folder}: no complete checkpoint to load")
+            return found[-1][1]
+        if config.project_dir is not None and os.path.isfile(os.path.join(config.project_dir, "manifest.json")):
+            return config.project_dir
+        raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) with project_dir.")
+
+    def load(self, directory: str) -> Dict[str, Any]:
+        """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
+        failure: Optional[BaseException] = None
+        try:
+            manifest, states, rng = self._read(directory)
+        except (CheckpointError, OSError) as err:
+            failure = err
+        if self.collectives.any_flag(failure is not None, "load_state (verified)"):
+            if failure is not None:
+                raise failure
+            raise CheckpointError(f"{directory}: another process could not load this checkpoint; see its error")
+        for entry in self.entries:
+            try:
+                entry.set_state(states[entry.name])
+            except (KeyError, ValueError, RuntimeError, TypeError) as err:
+                raise CheckpointError(f"{os.path.join(directory, entry.name + '.safetensors')}: cannot restore {entry.name}: {err}") from err
+        self._restore_rng(rng, manifest)
+        if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
+            highest = layout.highest_number(os.path.join(self.config.project_dir, layout.CHECKPOINTS))
+            self.config.iteration = 0 if highest is None else highest + 1
+        return manifest
+
+    def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
+        info = manifest["files"].get(name)
+        if info is None:
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run")
+        return safetensors_io.read(check_file_name(directory, name), info["size"], info["xxh3"])
+
+    def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any]]:
+        manifest = read_manifest(directory)
+        where = os.path.join(directory, "manifest.json")
+        if manifest.get("backend") != self.backend.name:
+            raise CheckpointError(
+                f"{where}: written by the {manifest.get('backend')!r} backend; this run uses {self.backend.name!r}. "
+                "Load it with the backend that wrote it."
+            )
+        saved = manifest.get("objects", [])
+        mine = [e.name for e in self.entries]
+        if saved != mine:
+            raise CheckpointError(
+                f"{where}: holds objects {saved}; this run prepared/registered {mine}. Prepare and register "
+                "the same objects in the same order as the run that saved it."
+            )
+        structures = manifest.get("structures", {})
+        states = {}
+        for entry in self.entries:
+            arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
+            states[entry.name] = codec.decode(structures[entry.name], arrays, self.backend.from_numpy)
+        rank = self.backend.process_index
+        rng = None
+        if manifest.get("num_processes") == self.backend.num_processes:
+            name = f"rng_{rank}"
+            if name not in structures:
+                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it")
+            rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
+        return manifest, states, rng
+
+    def _restore_rng(self, rng: Optional[Dict[str, Any]], manifest: Dict[str, Any]) -> None:
+        if rng is not None:
+            restore_host_rng(rng["host"])
+            self.backend.set_rng_state(rng["framework"])
+            return
+        # Another number of processes: per-process streams cannot be mapped one to one. The
+        # documented rule: re-derive every generator from (seed, iteration, process index).
+        seed = zlib.crc32(f"unified/{manifest.get('iteration', 0)}/{self.backend.process_index}".encode())
+        random.seed(seed)
+        np.random.seed(seed)
+        self.backend.seed(seed)
+        if self.backend.process_index == 0:
+            warnings.warn(
+                f"Checkpoint saved by {manifest.get('num_processes')} processes, loaded by "
+                f"{self.backend.num_processes}: parameters, optimizer and registered objects were restored; "
+                "the random generators were re-derived from (iteration, process index) instead of restored.",
+                stacklevel=3,
+            )

@@ -1,0 +1,133 @@
+"""Write safetensors files while hashing them (one pass), and read them back verified.
+
+The files are standard safetensors (readable by ``safetensors.safe_open``). Writing streams
+each array's own buffer to the file and feeds the same buffer to xxh3, so the checksum costs
+no extra pass; reading loads the bytes once, checks size and checksum, then makes zero-copy
+NumPy views into them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Dict, Mapping, Tuple
+
+import numpy as np
+import xxhash
+
+from ..errors import CheckpointError
+
+# safetensors dtype names <-> NumPy dtypes (bfloat16 and float8 come from ml_dtypes when present)
+_DTYPES: Dict[str, str] = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+_BY_NUMPY = {v: k for k, v in _DTYPES.items()}
+_CHUNK = 64 << 20
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name not in _DTYPES:
+        raise CheckpointError(f"unknown safetensors dtype {name!r}")
+    try:
+        return np.dtype(_DTYPES[name])
+    except TypeError:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 and float8 with NumPy)
+
+        return np.dtype(getattr(ml_dtypes, _DTYPES[name]))
+
+
+def safetensors_dtype(dtype: np.dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in _BY_NUMPY:
+        raise TypeError(f"arrays of dtype {name} cannot be stored in safetensors")
+    return _BY_NUMPY[name]
+
+
+# An exported array: (safetensors dtype, shape, contiguous uint8 view of its bytes)
+Exported = Tuple[str, Tuple[int, ...], np.ndarray]
+
+
+def export_numpy(array: np.ndarray) -> Exported:
+    array = np.ascontiguousarray(array)
+    return safetensors_dtype(array.dtype), tuple(array.shape), array.reshape(-1).view(np.uint8)
+
+
+def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str] = ()) -> Dict[str, object]:
+    """Write ``arrays`` to ``path``; returns ``{"size": bytes, "xxh3": hex}``."""
+    header: Dict[str, object] = {}
+    offset = 0
+    for name, (dtype, shape, raw) in arrays.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + raw.nbytes]}
+        offset += raw.nbytes
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the spec's 8-byte alignment of the data section
+    digest = xxhash.xxh3_64()
+    prefix = struct.pack("<Q", len(blob)) + blob
+    digest.update(prefix)
+    with open(path, "wb", buffering=0) as handle:
+        handle.write(prefix)
+        for _, _, raw in arrays.values():
+            view = memoryview(raw)
+            for start in range(0, len(view), _CHUNK):
+                chunk = view[start:start + _CHUNK]
+                digest.update(chunk)
+                handle.write(chunk)
+    return {"size": len(prefix) + offset, "xxh3": digest.hexdigest()}
+
+
+def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
+    """Read and verify one file; returns NumPy arrays viewing one buffer.
+
+    Raises `CheckpointError` naming the file when it is missing, a link, of another size,
+    fails its checksum, or is not well-formed safetensors.
+    """
+    name = os.path.basename(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})") from err
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        actual = os.fstat(handle.fileno()).st_size
+        if actual != size:
+            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced.")
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        got = 0
+        while got < size:
+            n = handle.readinto(view[got:])
+            if not n:
+                raise CheckpointError(f"{path}: file ended after {got} of {size} bytes")
+            got += n
+    if xxhash.xxh3_64_hexdigest(view) != checksum:
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified")
+    return parse(buffer, path)
+
+
+def parse(buffer: bytearray, name: str) -> Dict[str, np.ndarray]:
+    """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation."""
+    try:
+        (length,) = struct.unpack_from("<Q", buffer, 0)
+        if length > len(buffer) - 8:
+            raise ValueError("header longer than the file")
+        header = json.loads(bytes(buffer[8:8 + length]))
+        data = memoryview(buffer)[8 + length:]
+        arrays: Dict[str, np.ndarray] = {}
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            dtype = numpy_dtype(info["dtype"])
+            shape = tuple(int(d) for d in info["shape"])
+            if not 0 <= start <= end <= len(data) or (end - start) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+                raise ValueError(f"array {key!r} has inconsistent offsets/shape")
+            arrays[key] = np.frombuffer(data[start:end], dtype=dtype).reshape(shape)
+        return arrays
+    except CheckpointError:
+        raise
+    except (ValueError, KeyError, TypeError, struct.error) as err:
+        raise CheckpointError(f"{name}: not a valid safetensors file ({err})") from err
