@@ -92,6 +92,7 @@ class JaxBackend(Backend):
         self._stale_keys: List[str] = []
         self._key_seed = 0
         self._key_counter = 0
+        self._mesh: Any = None
         self.distributed_type = "NO"
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -220,8 +221,6 @@ class JaxBackend(Backend):
         return np.asarray(jax.device_get(value))
 
     def from_numpy(self, value: Any, like: Any = None) -> Any:
-        if like is not None and hasattr(like, "sharding"):
-            return jax.device_put(value, like.sharding)
         return jnp.asarray(value)
 
     # -- RNG: the Accelerator's key stream ------------------------------------------------------------
@@ -242,3 +241,99 @@ class JaxBackend(Backend):
         if "jax_key_stream" not in state:
             raise DistributedError("The checkpoint has no JAX key-stream state; refusing to resume without it.")
         self._key_seed, self._key_counter = (int(v) for v in np.asarray(state["jax_key_stream"]))
+
+    # -- arrays in checkpoints -------------------------------------------------------------------------
+    def export_array(self, value: Any):
+        from unified.checkpoint.safetensors_io import export_numpy
+
+        return export_numpy(_host_copy(value))
+
+    # -- training objects ------------------------------------------------------------------------------
+    @property
+    def mesh(self) -> Any:
+        """A 1-D data-parallel mesh over every process's devices, axis ``"data"``."""
+        if self._mesh is None:
+            from jax.sharding import Mesh
+
+            self._mesh = Mesh(np.array(jax.devices()), ("data",))
+        return self._mesh
+
+    def prepare(self, obj: Any):
+        from flax import nnx
+
+        if isinstance(obj, nnx.Optimizer):
+            kind = "optimizer"
+        elif isinstance(obj, nnx.Module):
+            kind = "model"
+        else:
+            return None
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        current = nnx.state(obj).to_pure_dict()
+        host = jax.tree_util.tree_map(_host_copy, current)
+        if self.num_processes > 1:  # every process starts from process 0's values, as DDP does
+            self.barrier(f"prepare {kind} (arrival)", 600.0)
+            host = jax.tree_util.tree_map(np.asarray, multihost_utils.broadcast_one_to_all(host))
+        self._write_back(obj, current, host, lambda like: replicated)
+        return kind, obj
+
+    def state_of(self, kind: str, obj: Any) -> Any:
+        from flax import nnx
+
+        if kind in ("model", "optimizer"):
+            return nnx.state(obj).to_pure_dict()
+        return obj.state_dict()
+
+    def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
+        from flax import nnx
+
+        if kind not in ("model", "optimizer"):
+            obj.load_state_dict(state)
+            return
+        current = nnx.state(obj).to_pure_dict()
+        self._write_back(obj, current, state, lambda like: like.sharding)
+
+    def _write_back(self, obj: Any, current: Any, values: Any, sharding_of) -> None:
+        """Put host ``values`` (same tree as ``current``) into ``obj`` in place, leaf by leaf."""
+        from flax import nnx
+
+        def merge(like: Any, value: Any, path: str) -> Any:
+            if isinstance(like, dict):
+                if not isinstance(value, dict) or set(like) != set(value):
+                    got = sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__
+                    raise ValueError(f"{path or 'state'}: expected keys {sorted(map(str, like))}; found {got}")
+                return {k: merge(like[k], value[k], f"{path}/{k}") for k in like}
+            return _place(np.asarray(value), like, sharding_of(like), path)
+
+        state = nnx.state(obj)
+        nnx.replace_by_pure_dict(state, merge(current, values, ""))
+        nnx.update(obj, state)
+
+
+def _is_key(value: Any) -> bool:
+    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
+def _host_copy(value: Any) -> np.ndarray:
+    """A NumPy copy of an array this process holds whole (typed PRNG keys as their key data)."""
+    if _is_key(value):
+        value = jax.random.key_data(value)
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        if not value.is_fully_replicated:
+            raise TypeError(
+                "an array sharded across processes cannot be saved by one process yet; keep the state "
+                "replicated (accelerator.prepare does) or save it with Orbax"
+            )
+        value = value.addressable_shards[0].data
+    return np.asarray(jax.device_get(value))
+
+
+def _place(host: np.ndarray, like: Any, sharding: Any, path: str) -> Any:
+    """``host`` as a global array with ``like``'s dtype (or key type) and the given sharding."""
+    if _is_key(like):
+        data = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
+    if tuple(host.shape) != tuple(like.shape) or host.dtype != like.dtype:
+        raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; the checkpoint has {host.dtype}{list(host.shape)}")
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

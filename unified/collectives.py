@@ -27,6 +27,8 @@ class Collectives:
     def __init__(self, backend: Backend, timeout: float) -> None:
         self.backend = backend
         self.timeout = float(timeout)
+        if not self.timeout > 0:
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}.")
         self._calls = 0
 
     def _key(self, operation: str) -> str:
@@ -35,8 +37,8 @@ class Collectives:
 
     def _timeout(self, timeout: Optional[float]) -> float:
         value = self.timeout if timeout is None else float(timeout)
-        if value <= 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}.")
+        if not value > 0:
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {value!r}.")
         return value
 
     @property
@@ -47,18 +49,20 @@ class Collectives:
     def barrier(self, operation: str = "wait_for_everyone", timeout: Optional[float] = None) -> None:
         if self.single:
             return
-        self.backend.barrier(self._key(operation), self._timeout(timeout))
+        seconds = self._timeout(timeout)
+        self.backend.barrier(self._key(operation), seconds)
 
     def any_flag(self, flag: bool, operation: str = "check_trigger", timeout: Optional[float] = None) -> bool:
         if self.single:
             return bool(flag)
-        return self.backend.any_flag(bool(flag), self._key(operation), self._timeout(timeout))
+        seconds = self._timeout(timeout)
+        return self.backend.any_flag(bool(flag), self._key(operation), seconds)
 
     def all_gather_json(self, value: Any, operation: str = "gather_object", timeout: Optional[float] = None) -> List[Any]:
         """Every process's JSON-serialisable ``value``, in process order (no pickle)."""
-        if self.single:
-            return [value]
         data = json.dumps(value).encode()
+        if self.single:  # the same JSON round trip as with several processes
+            return [json.loads(data)]
         parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
         return [json.loads(p.decode()) for p in parts]
 

@@ -143,9 +143,6 @@ def test_wait_for_everyone_rejects_non_positive_timeout_and_group_stays_usable()
     assert group.collective_counts()[0] == group.collective_counts()[1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "unified/collectives.py Collectives._timeout reports the `timeout` argument (None) instead of "
-    "the invalid Accelerator default, and Accelerator(timeout=...) is never validated up front"))
 def test_invalid_default_timeout_is_reported_with_its_value():
     group = MemoryGroup(2)
 
@@ -439,6 +436,13 @@ def test_gather_object_rejects_non_json_values_without_a_collective():
 
     group, results = run_group(2, body)
     assert unwrap(results) == [["still works"] * 2] * 2
+
+
+def test_gather_object_single_process_matches_multi_process_semantics():
+    acc = MemoryGroup(1).accelerator(0)
+    assert acc.gather_object((1, 2)) == [[1, 2]]  # what every process gets with n > 1
+    with pytest.raises(TypeError):
+        acc.gather_object({1, 2})  # raises with n > 1 (see the test above)
 
 
 # -- unified.tree -----------------------------------------------------------------------------------

@@ -51,7 +51,9 @@ Exported = Tuple[str, Tuple[int, ...], np.ndarray]
 
 
 def export_numpy(array: np.ndarray) -> Exported:
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (np.ascontiguousarray would turn 0-d into 1-d)
+        array = array.copy(order="C")
     return safetensors_dtype(array.dtype), tuple(array.shape), array.reshape(-1).view(np.uint8)
 
 
