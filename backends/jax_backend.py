@@ -103,6 +103,8 @@ class JaxBackend(Backend):
         address = env.get("UNIFIED_COORDINATOR_ADDRESS")
         if global_state.client is None and (address or _cluster_detected()):
             jax.config.update("jax_enable_recoverability", True)
+            # Let SIGTERM end the process (the launcher's stop signal) instead of being logged.
+            jax.config.update("jax_enable_preemption_service", False)
             kwargs: Dict[str, Any] = {"initialization_timeout": int(max(30, min(timeout, 600)))}
             if address:
                 index = int(env["UNIFIED_PROCESS_ID"])

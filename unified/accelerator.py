@@ -396,16 +396,18 @@ class Accelerator:
         self._backend.backward(loss, **kwargs)
 
     def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
-        """Write the model's weights as ``model.safetensors`` from the main process only.
+        """Write the model's weights as ``model.safetensors`` (main process only; not a collective,
+        so it may be called under ``if accelerator.is_main_process:``). Call `wait_for_everyone`
+        first when other processes are still training.
 
         Example:
+            >>> accelerator.wait_for_everyone()
             >>> accelerator.save_model(model, "final_model")
         """
         path = os.path.join(os.fspath(save_directory), "model.safetensors")
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
             save_arrays(path, self._backend, self._backend.state_of("model", model))
-        self.wait_for_everyone()
         return path
 
     def next_key(self) -> Any:

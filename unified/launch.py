@@ -113,7 +113,7 @@ def jax_workers(args: argparse.Namespace, port: int) -> List[Worker]:
     workers = []
     if args.machine_rank == 0:
         workers.append(Worker([sys.executable, "-m", "backends.jax_coordinator", address, str(total)],
-                              _base_env("jax"), lambda line: f"[coordinator] {line}", service=True))
+                              {**_base_env("jax"), "TF_CPP_MIN_LOG_LEVEL": "2"}, lambda line: f"[coordinator] {line}", service=True))
     for local in range(args.num_processes):
         index = args.machine_rank * args.num_processes + local
         env = _base_env("jax")

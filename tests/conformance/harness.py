@@ -71,10 +71,13 @@ class GroupResult:
 
 def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path, *,
               deadline: float = 120.0, local_sizes: Optional[Sequence[int]] = None,
-              extra_env: Optional[Dict[str, str]] = None) -> GroupResult:
+              extra_env: Optional[Dict[str, str]] = None,
+              kill_when: Optional[Path] = None, kill_delay: float = 0.0) -> GroupResult:
     """Run ``scenarios`` in ``size`` fresh processes of ``backend``; never longer than ``deadline``.
 
     ``local_sizes`` splits the processes into simulated machines (e.g. ``[2, 1]``).
+    ``kill_when``: once this file exists, wait ``kill_delay`` seconds and SIGKILL every process
+    of the group at once (a crash of the whole job).
     """
     local_sizes = list(local_sizes or [size])
     assert sum(local_sizes) == size
@@ -101,7 +104,15 @@ def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path,
             rank += 1
     start = time.monotonic()
     exit_times: List[Optional[float]] = [None] * size
+    kill_at: Optional[float] = None
     while time.monotonic() - start < deadline and any(t is None for t in exit_times):
+        if kill_when is not None and kill_at is None and kill_when.exists():
+            kill_at = time.monotonic() + kill_delay
+        if kill_at is not None and time.monotonic() >= kill_at:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            kill_at = float("inf")
         for i, proc in enumerate(procs):
             if exit_times[i] is None and proc.poll() is not None:
                 exit_times[i] = time.time()

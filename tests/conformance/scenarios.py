@@ -6,7 +6,9 @@ break the group (a dead or stuck process) must come last in a run.
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import time
 
@@ -134,3 +136,159 @@ def _expect_barrier_timeout(acc: Accelerator, timeout: float) -> dict:
     outcome["elapsed"] = time.monotonic() - start_t
     outcome["exit_at"] = time.time()
     return outcome
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+# The parent passes a shared directory in UNIFIED_TEST_SHARED; groups run one after another on it.
+
+def _shared(*parts: str) -> str:
+    return os.path.join(os.environ["UNIFIED_TEST_SHARED"], *parts)
+
+
+def _project_acc(state: dict, **config) -> Accelerator:
+    acc = Accelerator(timeout=60, seed=7,
+                      project_config=unified.ProjectConfiguration(_shared("project"), automatic_checkpoint_naming=True, **config))
+    state["acc"] = acc
+    return acc
+
+
+RESUME_AT, RESUME_END = 4, 9
+
+
+def ckpt_first_run(state: dict) -> dict:
+    """Train RESUME_AT steps, save, record the draws right after, then train on to RESUME_END."""
+    from training import make
+
+    acc = _project_acc(state, total_limit=2)
+    run = make(acc)
+    for _ in range(acc.process_index):  # give every process its own generator states
+        run.draws()
+    hashes = {}
+    for step in range(1, RESUME_END + 1):
+        run.step()
+        if step == RESUME_AT:
+            saved = acc.save_state()
+            if acc.is_main_process:  # keep a copy: retention below deletes checkpoint_0
+                shutil.copytree(saved, _shared("resume_from"))
+            acc.wait_for_everyone()
+            after_save = run.draws()
+            hashes["at_save"] = run.param_hash()
+    final = run.param_hash()
+    # naming, retention and collision checks on top of the run's own checkpoint
+    more = [acc.save_state() for _ in range(3)]
+    listing = sorted(os.listdir(_shared("project", "checkpoints")))
+    acc.end_training()
+    return {"saved": saved, "after_save_draws": after_save, "final_hash": final, "hashes": hashes,
+            "more": more, "listing": listing, "iteration": acc.project_configuration.iteration}
+
+
+def ckpt_resume_run(state: dict) -> dict:
+    """A new group: load the run's checkpoint, check the draws, train to RESUME_END."""
+    from training import make
+
+    acc = _project_acc(state, total_limit=2)
+    run = make(acc)
+    path = _shared("resume_from")
+    loaded_newest_iteration = None
+    acc.load_state(path)
+    after_load_iteration = acc.project_configuration.iteration
+    draws = run.draws()
+    hash_at_load = run.param_hash()
+    for _ in range(RESUME_AT + 1, RESUME_END + 1):
+        run.step()
+    final = run.param_hash()
+    next_save = acc.save_state()
+    acc.load_state()  # the newest: the one just written
+    loaded_newest_iteration = acc.project_configuration.iteration
+    acc.end_training()
+    return {"draws": draws, "hash_at_load": hash_at_load, "final_hash": final, "next_save": next_save,
+            "iteration_after_load": after_load_iteration, "iteration_after_newest": loaded_newest_iteration,
+            "steps": run.counter.steps}
+
+
+def ckpt_explicit_dir(state: dict) -> dict:
+    """Without automatic naming: save twice into one directory (replaced whole), load it back."""
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    target = _shared("explicit")
+    run.step()
+    acc.save_state(target)
+    run.step()
+    acc.save_state(target)
+    second = run.param_hash()
+    run.step()
+    acc.load_state(target)
+    siblings = sorted(os.listdir(os.path.dirname(target)))
+    return {"hash_second": second, "hash_loaded": run.param_hash(), "siblings": siblings,
+            "files": sorted(os.listdir(target))}
+
+
+def ckpt_save_loop(state: dict) -> dict:
+    """Save over and over (sync and async alternately) until the parent SIGKILLs the group.
+
+    Before each save the main process appends the parameter hash that checkpoint will hold.
+    """
+    from training import make
+
+    acc = _project_acc(state, total_limit=3)
+    run = make(acc)
+    expected = _shared("expected.jsonl")
+    for i in range(10_000):
+        run.step()
+        if acc.is_main_process:
+            with open(expected, "a") as handle:
+                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+        acc.save_state(async_save=bool(i % 2))
+        if i == 0 and acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
+            open(_shared("ready"), "w").close()
+    return {"never": "reached"}
+
+
+def ckpt_load_newest(state: dict) -> dict:
+    """After a crash: load the newest complete checkpoint and report what it holds."""
+    from training import make
+
+    acc = _project_acc(state, total_limit=3)
+    run = make(acc)
+    path = acc.load_state()
+    manifest = json.load(open(os.path.join(path, "manifest.json")))
+    loaded_hash = run.param_hash()
+    acc.save_state()  # a new save after a crash cleans up the crashed save's temporaries
+    leftovers = [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")]
+    return {"path": path, "iteration": manifest["iteration"], "hash": loaded_hash, "leftovers": leftovers}
+
+
+def ckpt_damaged(state: dict) -> dict:
+    """Load deliberately damaged copies of a checkpoint (prepared by the parent) and report errors."""
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    outcome = {}
+    root = _shared("damaged")
+    for case in sorted(os.listdir(root)):
+        before = run.param_hash()
+        try:
+            acc.load_state(os.path.join(root, case))
+            outcome[case] = {"raised": None}
+        except unified.CheckpointError as err:
+            outcome[case] = {"raised": "CheckpointError", "message": str(err)}
+        except Exception as err:  # noqa: BLE001 - the test wants to see anything else
+            outcome[case] = {"raised": type(err).__name__, "message": str(err)}
+        outcome[case]["untouched"] = run.param_hash() == before
+    outcome["__pwned__"] = os.path.exists(_shared("PWNED"))
+    return outcome
+
+
+def ckpt_save_for_damage(state: dict) -> dict:
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    return {"path": acc.save_state(_shared("pristine"))}

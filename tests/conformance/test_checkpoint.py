@@ -1,0 +1,156 @@
+"""Conformance: save_state / load_state on every backend, in real 2-process groups."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+
+import pytest
+
+from ..conftest import BACKENDS
+from .harness import run_group
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _env(shared):
+    return {"UNIFIED_TEST_SHARED": str(shared)}
+
+
+def _ok(group):
+    assert all(rc == 0 for rc in group.returncodes), group.show_logs()
+    return group
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def resumed(request, tmp_path_factory):
+    """First group trains and saves; a brand-new group loads and finishes the run."""
+    shared = tmp_path_factory.mktemp(f"resume-{request.param}")
+    first = _ok(run_group(request.param, 2, ["ckpt_first_run"], shared, extra_env=_env(shared)))
+    second = _ok(run_group(request.param, 2, ["ckpt_resume_run"], shared, extra_env=_env(shared)))
+    explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir"], shared, extra_env=_env(shared)))
+    return request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"), explicit.scenario("ckpt_explicit_dir")
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
+    _, first, second, _ = resumed
+    for a, b in zip(first, second):
+        assert b["hash_at_load"] == a["hashes"]["at_save"]
+        assert b["final_hash"] == a["final_hash"]
+    assert len({r["final_hash"] for r in second}) == 1  # replicated state agrees across processes
+
+
+def test_every_rng_resumes_where_it_was_saved(resumed):
+    _, first, second, _ = resumed
+    for rank, (a, b) in enumerate(zip(first, second)):
+        assert b["draws"] == a["after_save_draws"], f"process {rank}"
+    assert first[0]["after_save_draws"] != first[1]["after_save_draws"]  # per-process streams differ
+
+
+def test_automatic_naming_retention_and_iteration(resumed):
+    _, first, second, _ = resumed
+    main = first[0]
+    assert main["saved"].endswith(os.path.join("checkpoints", "checkpoint_0"))
+    assert [os.path.basename(p) for p in main["more"]] == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
+    assert main["listing"] == ["checkpoint_2", "checkpoint_3"]  # total_limit=2, numeric order
+    assert main["iteration"] == 4
+    # Loading checkpoint_0 explicitly still puts the counter past the newest in the folder.
+    resumed_main = second[0]
+    assert resumed_main["iteration_after_load"] == 4
+    assert os.path.basename(resumed_main["next_save"]) == "checkpoint_4"
+    assert resumed_main["iteration_after_newest"] == 5
+    assert resumed_main["steps"] == 9
+
+
+def test_saving_into_an_existing_directory_replaces_it_whole(resumed):
+    _, _, _, explicit = resumed
+    for r in explicit:
+        assert r["hash_loaded"] == r["hash_second"]
+        assert [s for s in r["siblings"] if s.startswith(".")] == []  # no temporaries left behind
+        assert "manifest.json" in r["files"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crash_during_save_never_leaves_a_loadable_partial_checkpoint(backend, tmp_path):
+    rng = random.Random(1234)
+    for trial in range(3):
+        shared = tmp_path / f"trial{trial}"
+        shared.mkdir()
+        crashed = run_group(backend, 2, ["start", "ckpt_save_loop"], shared, extra_env=_env(shared),
+                            kill_when=shared / "ready", kill_delay=rng.uniform(1.5, 4.0), deadline=90)
+        assert all(rc == -9 for rc in crashed.returncodes), crashed.show_logs()
+        expected = {}
+        for line in (shared / "expected.jsonl").read_text().splitlines():
+            if line.strip().endswith("}"):
+                row = json.loads(line)
+                expected[row["iteration"]] = row["hash"]
+        loaded = _ok(run_group(backend, 2, ["ckpt_load_newest"], shared, extra_env=_env(shared)))
+        rows = loaded.scenario("ckpt_load_newest")
+        assert rows[0]["hash"] == expected[rows[0]["iteration"]], f"trial {trial}: loaded state differs from what was saved"
+        assert rows[0]["hash"] == rows[1]["hash"]
+        assert rows[0]["leftovers"] == [], "temporaries of the crashed save must not remain after a new save"
+
+
+class Payload:
+    def __reduce__(self):
+        return (open, (os.environ.get("UNIFIED_TEST_SHARED", "/tmp") + "/PWNED", "w"))
+
+
+def _damage(pristine, root):
+    """Copies of a good checkpoint, each damaged one way."""
+    cases = {}
+
+    def copy(name):
+        target = root / name
+        shutil.copytree(pristine, target)
+        cases[name] = target
+        return target
+
+    def biggest(d):
+        return max((p for p in d.iterdir() if p.suffix == ".safetensors"), key=lambda p: p.stat().st_size)
+
+    f = biggest(copy("flipped_byte"))
+    data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0xFF; f.write_bytes(bytes(data))
+    f = biggest(copy("truncated"))
+    f.write_bytes(f.read_bytes()[:-7])
+    biggest(copy("deleted_file")).unlink()
+    (copy("no_manifest") / "manifest.json").unlink()
+    m = copy("edited_manifest") / "manifest.json"
+    doc = json.loads(m.read_text()); doc["iteration"] = 99; m.write_text(json.dumps(doc))
+    m = copy("wrong_backend") / "manifest.json"
+    doc = json.loads(m.read_text())
+    doc["backend"] = "jax" if doc["backend"] == "torch" else "torch"
+    m.write_text(json.dumps(doc))
+    # Accelerate's file names with pickle payloads, beside a valid manifest: never read.
+    d = copy("pickle_payloads")
+    for name in ("optimizer.bin", "random_states_0.pkl", "scheduler.bin", "pytorch_model.bin"):
+        (d / name).write_bytes(pickle.dumps(Payload()))
+    # The same payloads with no manifest at all (an Accelerate checkpoint): refused.
+    d = root / "accelerate_style"
+    d.mkdir()
+    for name in ("optimizer.bin", "random_states_0.pkl", "model.safetensors"):
+        (d / name).write_bytes(pickle.dumps(Payload()))
+    cases["accelerate_style"] = d
+    return cases
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path):
+    _ok(run_group(backend, 2, ["ckpt_save_for_damage"], tmp_path, extra_env=_env(tmp_path)))
+    cases = _damage(tmp_path / "pristine", tmp_path / "damaged")
+    group = _ok(run_group(backend, 2, ["ckpt_damaged"], tmp_path, extra_env=_env(tmp_path)))
+    for rank, outcome in enumerate(group.scenario("ckpt_damaged")):
+        assert outcome.pop("__pwned__") is False, "a pickle payload was executed"
+        assert outcome["pickle_payloads"]["raised"] is None  # valid checkpoint; the extra files are ignored
+        for case in set(cases) - {"pickle_payloads"}:
+            result = outcome[case]
+            assert result["raised"] == "CheckpointError", (rank, case, result)
+            assert result["untouched"], (rank, case)
+        assert "checksum" in outcome["flipped_byte"]["message"] and "model_0" in outcome["flipped_byte"]["message"] or \
+            "optimizer_0" in outcome["flipped_byte"]["message"]
+        assert "truncated" in outcome["truncated"]["message"]
+        assert "manifest.json" in outcome["no_manifest"]["message"]
+        assert "modified" in outcome["edited_manifest"]["message"]
+    assert not (tmp_path / "PWNED").exists()
