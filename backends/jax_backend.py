@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import sys
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import jax
@@ -250,6 +251,23 @@ class JaxBackend(Backend):
 
         return export_numpy(_host_copy(value))
 
+    # -- data ------------------------------------------------------------------------------------------
+    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
+        if "torch" not in sys.modules:  # no torch imported: it cannot be a torch DataLoader
+            return None
+        from backends.torch_backend import _prepare_torch_loader  # works here too, yielding jax.Arrays
+
+        return _prepare_torch_loader(self, loader, seed)
+
+    def place_batch(self, batch: Any) -> Any:
+        """Global `jax.Array`s sharded over the processes along axis 0 (``"data"``)."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        sharding = NamedSharding(self.mesh, PartitionSpec("data"))
+        return jax.tree_util.tree_map(
+            lambda leaf: jax.make_array_from_process_local_data(sharding, np.asarray(_numpy_leaf(leaf))), batch
+        )
+
     # -- training objects ------------------------------------------------------------------------------
     @property
     def mesh(self) -> Any:
@@ -339,3 +357,9 @@ def _place(host: np.ndarray, like: Any, sharding: Any, path: str) -> Any:
     if tuple(host.shape) != tuple(like.shape) or host.dtype != like.dtype:
         raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; the checkpoint has {host.dtype}{list(host.shape)}")
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _numpy_leaf(value: Any) -> Any:
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor from a torch DataLoader
+        return value.detach().cpu().numpy()
+    return value

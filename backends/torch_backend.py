@@ -238,6 +238,21 @@ class TorchBackend(Backend):
             return "scaler", obj
         return None
 
+    # -- data ------------------------------------------------------------------------------------------
+    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
+        return _prepare_torch_loader(self, loader, seed)
+
+    def place_batch(self, batch: Any) -> Any:
+        from unified.tree import flatten
+
+        leaves, rebuild = flatten(batch, lambda x: not isinstance(x, (dict, list, tuple)))
+        placed = []
+        for leaf in leaves:
+            if isinstance(leaf, np.ndarray):
+                leaf = _tensor_from_numpy(leaf)
+            placed.append(leaf.to(self._device, non_blocking=True) if isinstance(leaf, torch.Tensor) else leaf)
+        return rebuild(placed)
+
     def backward(self, loss: Any, **kwargs: Any) -> None:
         loss.backward(**kwargs)
 
@@ -265,3 +280,41 @@ _SAFETENSORS_DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.complex64: "C64",
 }
+
+
+def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int]) -> Any:
+    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+    from unified.data import PreparedDataLoader
+
+    if not isinstance(loader, DataLoader):
+        return None
+    if isinstance(loader.dataset, IterableDataset):
+        raise NotImplementedError(
+            "prepare() of a torch DataLoader over an IterableDataset is not supported yet; use a map-style "
+            "dataset (with __len__ and __getitem__) or unified.DataLoader."
+        )
+    if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
+        raise NotImplementedError(
+            "prepare() supports torch DataLoaders built with batch_size= and shuffle=True/False; a custom "
+            f"sampler ({type(loader.sampler).__qualname__}) or batch_sampler is not supported yet."
+        )
+    source = _LoaderSettings(loader, isinstance(loader.sampler, RandomSampler))
+
+    def batches(index_lists):  # the user's worker processes, collate_fn and pinning, our indices
+        return iter(DataLoader(
+            loader.dataset, batch_sampler=index_lists, num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context, persistent_workers=False,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+        ))
+
+    return PreparedDataLoader(source, backend, seed, batches=batches)
+
+
+class _LoaderSettings:
+    """The parts of a torch DataLoader that the shared sharding logic reads."""
+
+    def __init__(self, loader: Any, shuffle: bool) -> None:
+        self.dataset, self.batch_size, self.shuffle = loader.dataset, loader.batch_size, shuffle
+        self.drop_last, self.seed, self.collate_fn = loader.drop_last, None, loader.collate_fn

@@ -11,6 +11,7 @@ Example:
 from .accelerator import Accelerator
 from .backend import Backend, available_backends
 from .config import DistributedType, ProjectConfiguration
+from .data import DataLoader, skip_first_batches
 from .errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, UnifiedError
 from . import utils
 
@@ -22,10 +23,12 @@ __all__ = [
     "BackendUnavailable",
     "BarrierTimeout",
     "CheckpointError",
+    "DataLoader",
     "DistributedError",
     "DistributedType",
     "ProjectConfiguration",
     "UnifiedError",
     "available_backends",
+    "skip_first_batches",
     "utils",
 ]

@@ -12,7 +12,7 @@ from .config import DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays
-from .data import prepare_loader
+from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError
 from .rng import set_seed
 
@@ -378,6 +378,16 @@ class Accelerator:
         directory = self._checkpoints.resolve_load_dir(input_dir)
         self._checkpoints.load(directory)
         return directory
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """The rest of the current epoch of a prepared loader, from absolute position
+        ``num_batches`` (see `unified.skip_first_batches`).
+
+        Example:
+            >>> for batch in accelerator.skip_first_batches(loader, 100):
+            ...     ...
+        """
+        return skip_first_batches(dataloader, num_batches)
 
     def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True) -> Any:
         """The user's model without distributed wrappers (DDP, torch.compile).

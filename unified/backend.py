@@ -127,6 +127,15 @@ class Backend:
             "from Accelerator(seed=...) instead (use torch.Generator for explicit streams)."
         )
 
+    # -- data --------------------------------------------------------------------------------------
+    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
+        """The prepared form of this framework's own data loader type, or ``None``."""
+        return None
+
+    def place_batch(self, batch: Any) -> Any:
+        """This process's rows of a global batch (NumPy leaves) as this framework's arrays."""
+        raise NotImplementedError
+
     # -- framework RNG ------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
         """Seed the framework's global generators (Python and NumPy are seeded by `unified`)."""

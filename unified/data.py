@@ -1,8 +1,204 @@
-"""Data loaders (filled in by the data issue)."""
+"""Sharded, resumable data loading written once for every backend.
+
+The global sample order of an epoch depends only on ``(seed, epoch)``. Global batch ``k``
+holds samples ``order[k*B*P:(k+1)*B*P]`` (``B`` the per-process batch size, ``P`` the number of
+processes) and process ``r`` gets the ``r``-th slice of ``B`` of them. Because the order does
+not depend on ``P``, a position (samples consumed) carries over to another process count.
+
+Uneven end (the same on both backends): with ``drop_last=True`` the incomplete global batch is
+dropped; otherwise it is filled up by wrapping around to the start of the epoch's order, and
+``loader.padding_in_batch(k)`` says how many trailing samples of global batch ``k`` are repeats.
+"""
 from __future__ import annotations
 
-from typing import Any, Optional
+import math
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["DataLoader", "PreparedDataLoader", "skip_first_batches", "prepare_loader", "default_collate"]
 
 
-def prepare_loader(obj: Any, backend: Any, seed: Optional[int]) -> Optional[Any]:
-    return None
+def default_collate(samples: Sequence[Any]) -> Any:
+    """Stack NumPy samples (arrays, numbers, or dicts/tuples/lists of them) into a batch."""
+    first = samples[0]
+    if isinstance(first, dict):
+        return {k: default_collate([s[k] for s in samples]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(default_collate(list(parts)) for parts in zip(*samples))
+    return np.stack([np.asarray(s) for s in samples])
+
+
+class DataLoader:
+    """A framework-neutral loader over any dataset with ``__len__`` and ``__getitem__`` that
+    returns NumPy arrays (or dicts/tuples of them). ``batch_size`` is per process.
+
+    Unprepared it yields every batch on one process; `Accelerator.prepare` shards it.
+
+    Example:
+        >>> loader = unified.DataLoader(dataset, batch_size=32, shuffle=True, seed=0)
+        >>> loader = accelerator.prepare(loader)
+        >>> for batch in loader:
+        ...     ...
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
+                 drop_last: bool = False, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}.")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self.drop_last = bool(drop_last)
+        self.collate_fn = collate_fn or default_collate
+        self._single = PreparedDataLoader(self, _HostOnly(), seed)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._single)
+
+    def __len__(self) -> int:
+        return len(self._single)
+
+
+class _HostOnly:
+    """Stand-in backend for an unprepared loader: one process, NumPy batches."""
+
+    process_index, num_processes = 0, 1
+
+    def place_batch(self, batch: Any) -> Any:
+        return batch
+
+
+class PreparedDataLoader:
+    """The prepared form of a loader: this process's share of every global batch, on device,
+    with its position (epoch, next batch, seed) saved and restored by checkpoints.
+
+    Iterating continues from the current position; at the end of an epoch the next iteration
+    starts the next epoch (a new order when shuffling).
+    """
+
+    def __init__(self, source: Any, backend: Any, seed: Optional[int], *,
+                 batches: Optional[Callable[[List[List[int]]], Iterator[Any]]] = None) -> None:
+        self.source = source
+        self.dataset = source.dataset
+        self.batch_size = source.batch_size
+        self.shuffle = source.shuffle
+        self.drop_last = source.drop_last
+        self.seed = int(seed if seed is not None else (getattr(source, "seed", None) or 0))
+        self._backend = backend
+        # index lists -> batches; a torch DataLoader plugs in its own (worker processes)
+        self._batches = batches or (lambda lists: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
+        self.epoch = 0
+        self.position = 0  # index of the next global batch in this epoch
+
+    # -- the order --------------------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self._backend.num_processes
+
+    def __len__(self) -> int:
+        n, g = len(self.dataset), self.global_batch_size
+        return n // g if self.drop_last else math.ceil(n / g)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def batch_indices(self, order: np.ndarray, batch: int) -> List[int]:
+        """This process's sample indices of global batch ``batch`` (wrapping around at the end)."""
+        g = self.global_batch_size
+        start = batch * g + self._backend.process_index * self.batch_size
+        return [int(order[i % len(order)]) for i in range(start, start + self.batch_size)]
+
+    def padding_in_batch(self, batch: int) -> int:
+        """How many trailing samples of global batch ``batch`` repeat the epoch's first samples."""
+        return max(0, (batch + 1) * self.global_batch_size - len(self.dataset))
+
+    # -- iteration -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        return self._run()
+
+    def _run(self) -> Iterator[Any]:
+        if self.position >= len(self):
+            self.epoch, self.position = self.epoch + 1, 0
+        order = self.epoch_order(self.epoch)
+        lists = [self.batch_indices(order, b) for b in range(self.position, len(self))]
+        for batch in self._batches(lists):  # skipped batches are not in `lists`: never loaded
+            self.position += 1  # a checkpoint taken while this batch is in use resumes after it
+            yield self._backend.place_batch(batch)
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch at the next iteration."""
+        self.epoch, self.position = int(epoch), 0
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "samples_seen": self.position * self.global_batch_size, "global_batch_size": self.global_batch_size,
+                "dataset_length": len(self.dataset)}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state["dataset_length"] != len(self.dataset):
+            raise ValueError(f"the data loader's dataset has {len(self.dataset)} samples; the checkpoint's had "
+                             f"{state['dataset_length']}")
+        seen, g = int(state["samples_seen"]), self.global_batch_size
+        if seen % g:
+            raise ValueError(
+                f"cannot resume at sample {seen} of the epoch with a global batch of {g} samples "
+                f"({self.batch_size} per process x {self._backend.num_processes}); choose a process count or batch "
+                f"size whose global batch divides {seen}, or resume at an epoch boundary"
+            )
+        self.epoch, self.position, self.seed = int(state["epoch"]), seen // g, int(state["seed"])
+
+
+class _SkippedView:
+    """What `skip_first_batches` returns: the rest of the current epoch from an absolute position."""
+
+    def __init__(self, loader: PreparedDataLoader, num_batches: int) -> None:
+        self.loader, self.num_batches = loader, num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        loader = self.loader
+        if loader.position >= len(loader):
+            loader.epoch, loader.position = loader.epoch + 1, 0
+        loader.position = max(loader.position, self.num_batches)  # absolute: never skips twice
+        return loader._run()
+
+    def __len__(self) -> int:
+        return max(0, len(self.loader) - max(self.loader.position, self.num_batches))
+
+
+def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
+    """A view of ``dataloader`` that yields, for one epoch, exactly the batches it would yield
+    from position ``num_batches`` of the current epoch. Skipped map-style batches are never
+    loaded. After `load_state` the position is already restored, so passing the same step
+    again lands on the same batch.
+
+    Example:
+        >>> accelerator.load_state()
+        >>> for batch in accelerator.skip_first_batches(loader, resume_step):
+        ...     ...
+        >>> for batch in loader:   # the next epoch, as usual
+        ...     ...
+    """
+    if num_batches < 0:
+        raise ValueError(f"Invalid num_batches: expected >= 0; received {num_batches}.")
+    if isinstance(dataloader, PreparedDataLoader):
+        return _SkippedView(dataloader, int(num_batches))
+    if isinstance(dataloader, DataLoader):
+        return _SkippedView(dataloader._single, int(num_batches))
+    raise TypeError(
+        f"skip_first_batches expects a loader returned by accelerator.prepare() or a unified.DataLoader; "
+        f"received {type(dataloader).__qualname__}."
+    )
+
+
+def prepare_loader(obj: Any, backend: Any, seed: Optional[int]) -> Optional[PreparedDataLoader]:
+    """The prepared form of a `DataLoader` or a map-style ``torch.utils.data.DataLoader``; None otherwise."""
+    if isinstance(obj, DataLoader):
+        return PreparedDataLoader(obj, backend, obj.seed if obj.seed is not None else seed)
+    return backend.prepare_loader(obj, seed)
