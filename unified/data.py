@@ -121,8 +121,8 @@ class PreparedDataLoader:
     def __iter__(self) -> Iterator[Any]:
         return self._run()
 
-    def _run(self) -> Iterator[Any]:
-        if self.position >= len(self):
+    def _run(self, roll_over: bool = True) -> Iterator[Any]:
+        if roll_over and self.position >= len(self):  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
         lists = [self.batch_indices(order, b) for b in range(self.position, len(self))]
@@ -166,7 +166,7 @@ class _SkippedView:
         if loader.position >= len(loader):
             loader.epoch, loader.position = loader.epoch + 1, 0
         loader.position = max(loader.position, self.num_batches)  # absolute: never skips twice
-        return loader._run()
+        return loader._run(roll_over=False)
 
     def __len__(self) -> int:
         return max(0, len(self.loader) - max(self.loader.position, self.num_batches))

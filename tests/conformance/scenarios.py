@@ -292,3 +292,110 @@ def ckpt_save_for_damage(state: dict) -> dict:
     run = make(acc)
     run.step()
     return {"path": acc.save_state(_shared("pristine"))}
+
+
+# -- data ------------------------------------------------------------------------------------------
+class CountingDataset:
+    """Map-style data whose samples are their own index; counts __getitem__ calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        self.calls += 1
+        return {"x": np.array([i], dtype=np.int64)}
+
+
+def _rows(batch) -> list:
+    """This process's sample ids of a batch (torch tensor or global jax.Array)."""
+    x = batch["x"]
+    if hasattr(x, "addressable_shards"):
+        x = np.concatenate([np.asarray(s.data) for s in x.addressable_shards])
+    return np.asarray(x).ravel().tolist()
+
+
+def _loader(acc, n=10, batch_size=2, seed=5):
+    dataset = CountingDataset(n)
+    return dataset, acc.prepare(unified.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=seed))
+
+
+def data_epochs(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc)
+    epochs = [[_rows(b) for b in loader] for _ in range(2)]
+    return {"epochs": epochs, "padding": [loader.padding_in_batch(k) for k in range(len(loader))]}
+
+
+def data_skip(state: dict) -> dict:
+    acc = state["acc"]
+    dataset, loader = _loader(acc)
+    _, reference = _loader(acc)
+    ref = [[_rows(b) for b in reference] for _ in range(3)]
+    first = [_rows(b) for b in loader]
+    dataset.calls = 0
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 2)]
+    calls = dataset.calls
+    after = [_rows(b) for b in loader]
+    return {"ref": ref, "first": first, "skipped": skipped, "calls": calls, "after": after,
+            "batch_size": loader.batch_size}
+
+
+def data_resume(state: dict) -> dict:
+    """Save mid-epoch; a fresh Accelerator loads and continues (with and without a manual skip)."""
+    acc = Accelerator(timeout=60)
+    target = _shared(f"data_ckpt_{acc.num_processes}")
+    _, loader = _loader(acc, n=24, batch_size=2)
+    seen = []
+    for i, batch in enumerate(loader):
+        seen.append(_rows(batch))
+        if i == 2:
+            acc.save_state(target)
+            break
+    expected = [_rows(b) for b in loader] + [_rows(b) for b in loader]  # rest of epoch 0, then epoch 1
+    outcomes = {}
+    for manual_skip in (False, True):
+        fresh = Accelerator(timeout=60)
+        _, again = _loader(fresh, n=24, batch_size=2)
+        fresh.load_state(target)
+        first = fresh.skip_first_batches(again, 3) if manual_skip else again
+        outcomes[str(manual_skip)] = [_rows(b) for b in first] + [_rows(b) for b in again]
+    return {"expected": expected, "resumed": outcomes["False"], "resumed_with_skip": outcomes["True"]}
+
+
+def data_save_for_other_count(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc, n=24, batch_size=1)
+    global_order = loader.epoch_order(0).tolist()
+    for i, _ in enumerate(loader):
+        if i == 5:  # 6 global batches of 2 = 12 samples consumed
+            acc.save_state(_shared("data_ckpt_count"))
+            break
+    return {"order": global_order}
+
+
+def data_load_other_count(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc, n=24, batch_size=1)
+    import warnings
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        acc.load_state(_shared("data_ckpt_count"))
+    return {"rest": [_rows(b) for b in loader], "position": loader.position}
+
+
+def data_torch_workers(state: dict) -> dict:
+    acc = state["acc"]
+    if acc.backend != "torch":
+        return {"not_torch": True}
+    import torch
+
+    dataset = CountingDataset(10)
+    loader = acc.prepare(torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True, num_workers=2))
+    _, reference = _loader(acc, seed=acc.seed or 0)
+    epochs = [[_rows(b) for b in loader] for _ in range(2)]
+    ref = [[_rows(b) for b in reference] for _ in range(2)]
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 1)]
+    return {"epochs": epochs, "ref": ref, "skipped_rows": skipped, "ref_epoch2": [_rows(b) for b in reference]}
