@@ -208,7 +208,7 @@ class JaxBackend(Backend):
 
     def _gathered(self, arrays: Sequence[Any], key: str, timeout: float, tiled: bool) -> List[np.ndarray]:
         self.barrier(f"{key} (arrival)", timeout)  # device collectives cannot time out: meet first
-        return [np.asarray(multihost_utils.process_allgather(a, tiled=tiled)) for a in arrays]
+        return [np.asarray(multihost_utils.process_allgather(_local_value(a), tiled=tiled)) for a in arrays]
 
     def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
         arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
@@ -357,6 +357,17 @@ def _place(host: np.ndarray, like: Any, sharding: Any, path: str) -> Any:
     if tuple(host.shape) != tuple(like.shape) or host.dtype != like.dtype:
         raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; the checkpoint has {host.dtype}{list(host.shape)}")
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def _local_value(value: Any) -> np.ndarray:
+    """This process's own value of an array: a replicated global array's copy, or the rows of a
+    global array that this process holds (a jitted step's outputs are global arrays)."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        if value.is_fully_replicated:
+            return np.asarray(value.addressable_shards[0].data)
+        shards = sorted(value.addressable_shards, key=lambda s: s.index[0].start or 0 if s.index else 0)
+        return np.concatenate([np.asarray(s.data) for s in shards])
+    return np.asarray(value)
 
 
 def _numpy_leaf(value: Any) -> Any:

@@ -122,8 +122,8 @@ accelerator.print(f"all processes stopped at step {stops[0]}: {stops}")
 
 # 2. Save: wait for everyone, then write from the main process only.
 accelerator.wait_for_everyone()
-# save_model is collective in unified (it waits for everyone after the main process writes),
-# so every process calls it; it writes model.safetensors on the main process only.
+# save_model writes model.safetensors on the main process only (it is not a collective, so it
+# may also be called under `if accelerator.is_main_process:`, as below for another file).
 weights = accelerator.save_model(model, args.output_dir)
 if accelerator.is_main_process:  # the plain pattern, for anything else written once
     with open(os.path.join(args.output_dir, "train_info.json"), "w") as f:

@@ -94,13 +94,14 @@ def torch_workers(args: argparse.Namespace, port: int) -> List[Worker]:
         args.script, *args.script_args,
     ]
     offset = args.machine_rank * args.num_processes
-    tag = re.compile(r"^\[(?:default|rank)(\d+)\]:")
+    tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
 
     def label(line: str) -> str:
         match = tag.match(line)
         if not match:
             return f"[launcher] {line}"
-        return f"[{offset + int(match.group(1))}] {line[match.end():]}"
+        # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
+        return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
 
     return [Worker(argv, _base_env("torch"), label)]
 
@@ -135,9 +136,11 @@ _WORKER_BUILDERS = {"torch": torch_workers, "jax": jax_workers}
 
 def _pump(stream, label: Callable[[str], str], lock: threading.Lock) -> None:
     for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", "replace")
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        # progress bars redraw with "\r": label every redrawn fragment, not only the first
+        text = "\r".join(label(part) if part else part for part in line.split("\r"))
         with lock:
-            sys.stdout.write(label(line if line.endswith("\n") else line + "\n"))
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
     stream.close()
 

@@ -1,0 +1,362 @@
+"""Data loading: skipping batches on resume, and the per-batch cost of a prepared loader.
+
+Run from the repository root (one process; the JAX part runs in a child process):
+
+    python benchmarks/data.py [--rounds 7] [--skip-samples 6400000] [--no-jax]
+
+What is measured (all single-process, CPU, ``num_workers=0``):
+
+1. Map-style skip. A dataset of tiny samples (``__getitem__`` returns ``np.int64(i)`` and counts
+   its calls), batch 32, shuffled. Time from the call to ``next(iter(skip_first_batches(loader,
+   100_000)))`` until the first batch is returned, and ``__getitem__`` calls by then.
+   * ours: ``unified.Accelerator(backend="torch").prepare(unified.DataLoader(ds, 32, shuffle=True,
+     seed=0))`` and ``acc.skip_first_batches``; the time is split into the epoch's permutation
+     (``loader.epoch_order``) and building the list of remaining index lists
+     (``[loader.batch_indices(order, b) for b in range(100_000, len(loader))]``), each timed
+     again on its own.
+   * Accelerate: ``accelerate.skip_first_batches(accelerator.prepare(torch DataLoader(ds, 32,
+     shuffle=True)), 100_000)`` (a ``SkipBatchSampler`` that draws and drops 100,000 index lists).
+   * prototype (not in ``unified``): the same ``PreparedDataLoader`` with the eager list replaced
+     by a generator of index lists (``order[s:s+B].tolist()``), checked to give the same lists.
+   Two dataset sizes: the epoch just longer than the skip (1,000 batches left) and
+   ``--skip-samples`` (default 6,400,000: 100,000 batches left, a resume in mid-epoch).
+2. Iterable skip: a torch ``IterableDataset`` counting the items it yields, batch 8, skip 1,000.
+   Accelerate reads and drops; ours: ``prepare()`` of a torch IterableDataset loader raises
+   ``NotImplementedError`` today.
+3. Per-batch overhead: 2,000 batches of 64 float32 vectors of 256 (one full epoch, so every
+   loader's start-of-epoch work is included) for a plain torch ``DataLoader(shuffle=True)``, the
+   same loader prepared by us, a prepared ``unified.DataLoader`` and (info) Accelerate's prepared
+   loader and a hand-written NumPy loop + ``torch.from_numpy``. Each of ``--rounds`` rounds runs
+   every variant once (order rotated per round); medians of per-epoch times. The JAX backend is
+   measured the same way in a child process: a prepared ``unified.DataLoader`` yielding
+   ``jax.Array`` vs a plain loop building the same NumPy batches and calling ``jnp.asarray``
+   (each batch ``block_until_ready``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+MARKER = "UNIFIED_BENCH_JSON "
+SKIP = 100_000
+BATCH = 32
+
+
+class CountingDataset:
+    """Map-style dataset of tiny samples: sample ``i`` is ``np.int64(i)``; counts loads."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.int64:
+        self.calls += 1
+        return np.int64(i)
+
+
+class VectorDataset:
+    """Map-style dataset of float32 vectors of 256."""
+
+    def __init__(self, n: int, dim: int = 256) -> None:
+        self.data = np.random.default_rng(0).standard_normal((n, dim), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[i]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f}"
+
+
+# -- 1. map-style skip ------------------------------------------------------------------------------
+def lazy_index_lists(loader: Any, order: np.ndarray, first: int) -> Iterator[List[int]]:
+    """Prototype: the index lists of batches ``first..`` of the epoch, one at a time."""
+    g, b = loader.global_batch_size, loader.batch_size
+    start0 = loader._backend.process_index * b
+    n = len(order)
+    for k in range(first, len(loader)):
+        s = k * g + start0
+        yield order[s:s + b].tolist() if s + b <= n else loader.batch_indices(order, k)
+
+
+def _lazy_loader_class():
+    from unified.data import PreparedDataLoader
+
+    class LazyPreparedDataLoader(PreparedDataLoader):
+        """`PreparedDataLoader._run` with the eager list replaced by `lazy_index_lists` (prototype)."""
+
+        def _run(self, roll_over: bool = True) -> Iterator[Any]:
+            if roll_over and self.position >= len(self):
+                self.epoch, self.position = self.epoch + 1, 0
+            order = self.epoch_order(self.epoch)
+            for batch in self._batches(lazy_index_lists(self, order, self.position)):
+                self.position += 1
+                yield self._backend.place_batch(batch)
+            self.epoch, self.position = self.epoch + 1, 0
+
+    return LazyPreparedDataLoader
+
+
+def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
+    import accelerate
+    import torch
+    import unified
+    from unified.data import _SkippedView
+
+    rows = []
+    left = n // BATCH - SKIP
+
+    # ours
+    ds = CountingDataset(n)
+    loader = acc.prepare(unified.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0))
+    t0 = time.perf_counter()
+    first = next(iter(acc.skip_first_batches(loader, SKIP)))
+    total = time.perf_counter() - t0
+    calls = ds.calls
+    t0 = time.perf_counter()
+    order = loader.epoch_order(0)
+    t_perm = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    eager = [loader.batch_indices(order, b) for b in range(SKIP, len(loader))]
+    t_lists = time.perf_counter() - t0
+    correct = first.tolist() == eager[0]
+    rows.append(dict(n=n, left=left, who="ours (`unified.DataLoader`, torch backend)", total=total, calls=calls,
+                     detail=f"permutation {_ms(t_perm)} ms + index lists {_ms(t_lists)} ms (timed apart)",
+                     correct=correct))
+
+    # prototype: lazy generator of index lists
+    ds_p = CountingDataset(n)
+    proto = _lazy_loader_class()(unified.DataLoader(ds_p, batch_size=BATCH, shuffle=True, seed=0),
+                                 acc._backend, 0)
+    t0 = time.perf_counter()
+    first_p = next(iter(_SkippedView(proto, SKIP)))
+    total_p = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gen = lazy_index_lists(loader, order, SKIP)
+    next(gen)
+    t_gen = time.perf_counter() - t0
+    same = first_p.tolist() == first.tolist() and [eager[0]] + list(gen) == eager
+    rows.append(dict(n=n, left=left, who="prototype: lazy index lists (not in `unified`)", total=total_p,
+                     calls=ds_p.calls, detail=f"first index list {t_gen * 1e6:,.0f} µs; all lists identical: {same}",
+                     correct=same))
+    del eager, gen
+
+    # Accelerate
+    ds_h = CountingDataset(n)
+    dl = hf.prepare(torch.utils.data.DataLoader(ds_h, batch_size=BATCH, shuffle=True))
+    t0 = time.perf_counter()
+    skipped = accelerate.skip_first_batches(dl, SKIP)
+    batch = next(iter(skipped))
+    total_h = time.perf_counter() - t0
+    rows.append(dict(n=n, left=left, who=f"Accelerate {accelerate.__version__} `skip_first_batches`", total=total_h,
+                     calls=ds_h.calls, detail=f"{ds_h.calls} = first batch + 1 look-ahead batch (`DataLoaderShard`)",
+                     correct=len(batch) == BATCH))
+    return rows
+
+
+# -- 2. iterable skip ---------------------------------------------------------------------------------
+def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
+    import accelerate
+    import torch
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __init__(self, n: int) -> None:
+            self.n, self.read = n, 0
+
+        def __iter__(self):
+            for i in range(self.n):
+                self.read += 1
+                yield torch.tensor(i)
+
+    skip, rows = 1_000, []
+    ds = Stream(100_000)
+    dl = hf.prepare(torch.utils.data.DataLoader(ds, batch_size=8))
+    t0 = time.perf_counter()
+    batch = next(iter(accelerate.skip_first_batches(dl, skip)))
+    total = time.perf_counter() - t0
+    rows.append(dict(who=f"Accelerate {accelerate.__version__}", total=total, calls=ds.read,
+                     detail=f"read and dropped; first batch starts at item {int(batch[0])}"))
+    ours = Stream(100_000)
+    try:
+        loader = acc.prepare(torch.utils.data.DataLoader(ours, batch_size=8))
+        t0 = time.perf_counter()
+        next(iter(acc.skip_first_batches(loader, skip)))
+        rows.append(dict(who="ours", total=time.perf_counter() - t0, calls=ours.read, detail=""))
+    except NotImplementedError as err:
+        rows.append(dict(who="ours", total=None, calls=None,
+                         detail=f"not supported yet (`NotImplementedError`: {str(err).split(';')[0]})"))
+    return rows
+
+
+# -- 3. per-batch overhead ------------------------------------------------------------------------------
+def _interleave(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, List[float]]:
+    """Time one full pass of every variant per round, rotating the order each round."""
+    names = list(variants)
+    for name in names:  # warm-up pass
+        for _ in variants[name]():
+            pass
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            for _ in variants[name]():
+                pass
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[str, List[float]]:
+    import torch
+    import unified
+
+    bsz = 64
+    ds = VectorDataset(batches * bsz)
+    raw = torch.utils.data.DataLoader(ds, batch_size=bsz, shuffle=True, num_workers=0)
+    ours_torch = acc.prepare(torch.utils.data.DataLoader(ds, batch_size=bsz, shuffle=True, num_workers=0))
+    ours_unified = acc.prepare(unified.DataLoader(ds, batch_size=bsz, shuffle=True, seed=0))
+    hf_loader = hf.prepare(torch.utils.data.DataLoader(ds, batch_size=bsz, shuffle=True, num_workers=0))
+    rng = np.random.default_rng(0)
+
+    def numpy_loop():
+        order = rng.permutation(len(ds))
+        for k in range(batches):
+            yield torch.from_numpy(np.stack([ds[int(i)] for i in order[k * bsz:(k + 1) * bsz]]))
+
+    for loader in (raw, ours_torch, ours_unified, hf_loader):
+        assert len(loader) == batches, len(loader)
+    return _interleave({
+        "plain torch `DataLoader`": lambda: iter(raw),
+        "ours: prepared torch `DataLoader`": lambda: iter(ours_torch),
+        "ours: prepared `unified.DataLoader`": lambda: iter(ours_unified),
+        "info: Accelerate prepared torch `DataLoader`": lambda: iter(hf_loader),
+        "info: plain NumPy loop + `torch.from_numpy`": numpy_loop,
+    }, rounds)
+
+
+def jax_worker(rounds: int, batches: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import unified
+
+    acc = unified.Accelerator(backend="jax")
+    bsz = 64
+    ds = VectorDataset(batches * bsz)
+    ours = acc.prepare(unified.DataLoader(ds, batch_size=bsz, shuffle=True, seed=0))
+    rng = np.random.default_rng(0)
+
+    def plain():
+        order = rng.permutation(len(ds))
+        for k in range(batches):
+            x = jnp.asarray(np.stack([ds[int(i)] for i in order[k * bsz:(k + 1) * bsz]]))
+            x.block_until_ready()
+            yield x
+
+    def prepared():
+        for x in ours:
+            x.block_until_ready()
+            yield x
+
+    first = next(iter(prepared()))
+    assert isinstance(first, jax.Array) and first.shape == (bsz, 256), (type(first), first.shape)
+    ours.set_epoch(0)
+    times = _interleave({"plain NumPy loop + `jnp.asarray`": plain,
+                         "ours: prepared `unified.DataLoader` (jax)": prepared}, rounds)
+    print(MARKER + json.dumps({"times": times, "jax": jax.__version__, "devices": str(jax.devices())}), flush=True)
+
+
+def bench_overhead_jax(rounds: int, batches: int) -> Dict[str, Any]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, __file__, "--jax-worker", "--rounds", str(rounds), "--batches", str(batches)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    raise RuntimeError(f"JAX worker failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def _overhead_rows(times: Dict[str, List[float]], batches: int, baseline: str) -> List[str]:
+    base = statistics.median(times[baseline])
+    out = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        spread = f"{min(ts) / batches * 1e6:,.1f}–{max(ts) / batches * 1e6:,.1f}"
+        over = "—" if name == baseline else f"{(med / base - 1) * 100:+.1f}%"
+        out.append(f"| {name} | {med / batches * 1e6:,.1f} | {spread} | {over} |")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--batches", type=int, default=2_000)
+    parser.add_argument("--skip-samples", type=int, default=6_400_000)
+    parser.add_argument("--no-jax", action="store_true")
+    parser.add_argument("--jax-worker", action="store_true")
+    args = parser.parse_args()
+    if args.jax_worker:
+        jax_worker(args.rounds, args.batches)
+        return
+
+    import accelerate
+    import torch
+    import unified
+
+    started = time.perf_counter()
+    acc = unified.Accelerator(backend="torch")
+    hf = accelerate.Accelerator(cpu=True)
+    print(f"# Data-loading benchmark\n\nPython {sys.version.split()[0]}, torch {torch.__version__}, "
+          f"accelerate {accelerate.__version__}, numpy {np.__version__}; {os.cpu_count()} CPUs; "
+          f"load average at start {os.getloadavg()[0]:.1f}\n", flush=True)
+
+    print(f"## 1. Skip {SKIP:,} batches of a map-style dataset (batch {BATCH}, shuffled), time to the first batch\n")
+    print("| dataset (batches left after skip) | loader | time to first batch (ms) | `__getitem__` calls "
+          "| skipped batches loaded | notes |")
+    print("|---|---|---:|---:|---:|---|")
+    for n in (BATCH * (SKIP + 1_000), args.skip_samples):
+        for row in bench_map_skip(n, acc, hf):
+            loaded = row["calls"] - (2 * BATCH if row["who"].startswith("Accelerate") else BATCH)
+            note = row["detail"] + ("" if row["correct"] else "; WRONG FIRST BATCH")
+            print(f"| {n:,} ({row['left']:,}) | {row['who']} | {_ms(row['total'])} | {row['calls']} | "
+                  f"{loaded} | {note} |", flush=True)
+    print("\nTargets (ours): 0 skipped batches loaded; < 50 ms to the first batch.\n")
+
+    print("## 2. Skip 1,000 batches of an iterable dataset (torch `IterableDataset`, batch 8)\n")
+    print("| loader | time to first batch (ms) | items read | notes |")
+    print("|---|---:|---:|---|")
+    for row in bench_iterable_skip(acc, hf):
+        t = "—" if row["total"] is None else _ms(row["total"])
+        c = "—" if row["calls"] is None else f"{row['calls']:,}"
+        print(f"| {row['who']} | {t} | {c} | {row['detail']} |", flush=True)
+
+    print(f"\n## 3. Per-batch cost over one epoch of {args.batches:,} batches (64 x float32[256], shuffled, "
+          f"num_workers=0); median of {args.rounds} interleaved rounds\n")
+    print("| loader | per batch (µs, median) | range over rounds (µs) | overhead vs plain |")
+    print("|---|---:|---:|---:|")
+    times = bench_overhead_torch(acc, hf, args.rounds, args.batches)
+    print("\n".join(_overhead_rows(times, args.batches, "plain torch `DataLoader`")), flush=True)
+    if not args.no_jax:
+        res = bench_overhead_jax(args.rounds, args.batches)
+        print("\n".join(_overhead_rows(res["times"], args.batches, "plain NumPy loop + `jnp.asarray`")))
+        print(f"\n(JAX {res['jax']}, devices {res['devices']}, child process)")
+    print("\nTarget: prepared-loader overhead < 3%.")
+    print(f"\nTotal runtime {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
