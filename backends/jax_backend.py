@@ -8,6 +8,7 @@ before joining, so that a dead peer gives survivors an exception instead of abor
 from __future__ import annotations
 
 import atexit
+import itertools
 import contextlib
 import ctypes
 import os
@@ -24,6 +25,9 @@ from unified.backend import Backend
 from unified.errors import BarrierTimeout, DistributedError
 
 _PREFIX = "unified/"
+# Processes create their Accelerators in the same order, so numbering the backends of one
+# process keeps two Accelerators' coordination keys apart and equal across processes.
+_INSTANCES = itertools.count()
 
 
 def _cluster_detected() -> bool:
@@ -94,6 +98,7 @@ class JaxBackend(Backend):
         self._key_seed = 0
         self._key_counter = 0
         self._mesh: Any = None
+        self._prefix = f"{_PREFIX}{next(_INSTANCES)}/"
         self.distributed_type = "NO"
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -155,7 +160,7 @@ class JaxBackend(Backend):
 
     def barrier(self, key: str, timeout: float) -> None:
         try:
-            self._client.wait_at_barrier(_PREFIX + key, int(timeout * 1000))
+            self._client.wait_at_barrier(self._prefix + key, int(timeout * 1000))
         except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED or a lost coordinator
             raise self._timeout_error(key, timeout, err, _missing_from_message(str(err))) from err
         self._drop_stale_keys()
@@ -170,7 +175,7 @@ class JaxBackend(Backend):
         self._stale_keys.clear()
 
     def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
-        directory = f"{_PREFIX}flag/{key}/"
+        directory = f"{self._prefix}flag/{key}/"
         if flag:
             mine = f"{directory}{self.process_index}"
             self._client.key_value_set(mine, "1")
@@ -187,7 +192,7 @@ class JaxBackend(Backend):
             raise self._timeout_error(key, timeout, err, [owner]) from err
 
     def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
-        directory = f"{_PREFIX}bytes/{key}/"
+        directory = f"{self._prefix}bytes/{key}/"
         mine = f"{directory}{self.process_index}"
         self._client.key_value_set_bytes(mine, data)
         self._stale_keys.append(mine)
@@ -195,7 +200,7 @@ class JaxBackend(Backend):
                 for r in range(self.num_processes)]
 
     def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
-        name = f"{_PREFIX}bytes/{key}"
+        name = f"{self._prefix}bytes/{key}"
         if self.process_index == src:
             self._client.key_value_set_bytes(name, data or b"")
             self._stale_keys.append(name)

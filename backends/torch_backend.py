@@ -183,7 +183,8 @@ class TorchBackend(Backend):
         return value.detach().cpu().numpy()
 
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
-        tensor = _tensor_from_numpy(np.ascontiguousarray(value))
+        value = np.asarray(value)
+        tensor = _tensor_from_numpy(value if value.flags.c_contiguous else value.copy(order="C"))
         return tensor.to(like.device if like is not None else self._device)
 
     # -- RNG ----------------------------------------------------------------------------------------

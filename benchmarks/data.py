@@ -137,7 +137,8 @@ def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     t_lists = time.perf_counter() - t0
     correct = first.tolist() == eager[0]
     rows.append(dict(n=n, left=left, who="ours (`unified.DataLoader`, torch backend)", total=total, calls=calls,
-                     detail=f"permutation {_ms(t_perm)} ms + index lists {_ms(t_lists)} ms (timed apart)",
+                     detail=f"permutation {_ms(t_perm)} ms + {left:,} index lists {_ms(t_lists)} ms "
+                            f"({t_lists / left * 1e6:.0f} µs each; timed apart)",
                      correct=correct))
 
     # prototype: lazy generator of index lists
@@ -205,20 +206,38 @@ def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
 
 
 # -- 3. per-batch overhead ------------------------------------------------------------------------------
-def _interleave(variants: Dict[str, Callable[[], Any]], rounds: int) -> Dict[str, List[float]]:
-    """Time one full pass of every variant per round, rotating the order each round."""
+def _interleave(variants: Dict[str, Callable[[], Iterator[Any]]], rounds: int, batches: int,
+                block: int = 50) -> Dict[str, List[List[float]]]:
+    """Per round (one epoch of every variant): open every variant's iterator, then fetch blocks of
+    ``block`` batches from each in turn (the order rotates every block), timing each block.
+
+    Returns, per variant, per round, the block times in seconds; the first block of a round
+    includes the start of the epoch (``iter()`` and the first batch).
+    """
     names = list(variants)
-    for name in names:  # warm-up pass
+    for name in names:  # warm-up epoch
         for _ in variants[name]():
             pass
-    times: Dict[str, List[float]] = {name: [] for name in names}
+    out: Dict[str, List[List[float]]] = {name: [] for name in names}
+    clock = time.perf_counter
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in variants[name]():
-                pass
-            times[name].append(time.perf_counter() - t0)
-    return times
+        iters: Dict[str, Iterator[Any]] = {}
+        blocks: Dict[str, List[float]] = {name: [] for name in names}
+        for k in range(batches // block):
+            shift = (r + k) % len(names)
+            for name in names[shift:] + names[:shift]:
+                t0 = clock()
+                if name not in iters:
+                    iters[name] = iter(variants[name]())
+                it = iters[name]
+                for _ in range(block):
+                    next(it)
+                blocks[name].append(clock() - t0)
+        for name in names:
+            for _ in iters[name]:  # must be exhausted: one epoch each
+                raise AssertionError(f"{name} yielded more than {batches} batches")
+            out[name].append(blocks[name])
+    return out
 
 
 def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[str, List[float]]:
@@ -238,7 +257,8 @@ def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[s
         for k in range(batches):
             yield torch.from_numpy(np.stack([ds[int(i)] for i in order[k * bsz:(k + 1) * bsz]]))
 
-    for loader in (raw, ours_torch, ours_unified, hf_loader):
+    lazy = _lazy_loader_class()(unified.DataLoader(ds, batch_size=bsz, shuffle=True, seed=0), acc._backend, 0)
+    for loader in (raw, ours_torch, ours_unified, hf_loader, lazy):
         assert len(loader) == batches, len(loader)
     return _interleave({
         "plain torch `DataLoader`": lambda: iter(raw),
@@ -246,7 +266,8 @@ def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[s
         "ours: prepared `unified.DataLoader`": lambda: iter(ours_unified),
         "info: Accelerate prepared torch `DataLoader`": lambda: iter(hf_loader),
         "info: plain NumPy loop + `torch.from_numpy`": numpy_loop,
-    }, rounds)
+        "info: prototype lazy index lists, `unified.DataLoader`": lambda: iter(lazy),
+    }, rounds, batches)
 
 
 def jax_worker(rounds: int, batches: int) -> None:
@@ -267,6 +288,19 @@ def jax_worker(rounds: int, batches: int) -> None:
             x.block_until_ready()
             yield x
 
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(acc._backend.mesh, PartitionSpec("data"))
+
+    def loop(put):
+        def run():
+            order = rng.permutation(len(ds))
+            for k in range(batches):
+                x = put(np.stack([ds[int(i)] for i in order[k * bsz:(k + 1) * bsz]]))
+                x.block_until_ready()
+                yield x
+        return run
+
     def prepared():
         for x in ours:
             x.block_until_ready()
@@ -275,8 +309,13 @@ def jax_worker(rounds: int, batches: int) -> None:
     first = next(iter(prepared()))
     assert isinstance(first, jax.Array) and first.shape == (bsz, 256), (type(first), first.shape)
     ours.set_epoch(0)
-    times = _interleave({"plain NumPy loop + `jnp.asarray`": plain,
-                         "ours: prepared `unified.DataLoader` (jax)": prepared}, rounds)
+    times = _interleave({
+        "plain NumPy loop + `jnp.asarray`": plain,
+        "ours: prepared `unified.DataLoader` (jax)": prepared,
+        "info: NumPy loop + `jax.make_array_from_process_local_data` (what `place_batch` calls)":
+            loop(lambda x: jax.make_array_from_process_local_data(sharding, x)),
+        "info: NumPy loop + `jax.device_put(x, same NamedSharding)`": loop(lambda x: jax.device_put(x, sharding)),
+    }, rounds, batches)
     print(MARKER + json.dumps({"times": times, "jax": jax.__version__, "devices": str(jax.devices())}), flush=True)
 
 
@@ -290,14 +329,27 @@ def bench_overhead_jax(rounds: int, batches: int) -> Dict[str, Any]:
     raise RuntimeError(f"JAX worker failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
-def _overhead_rows(times: Dict[str, List[float]], batches: int, baseline: str) -> List[str]:
-    base = statistics.median(times[baseline])
+OVERHEAD_HEADER = ("| loader | steady state per batch (µs) | epoch start (ms) | per batch incl. epoch start (µs) "
+                   "| overhead vs plain (steady) | overhead vs plain (incl. start) |\n|---|---:|---:|---:|---:|---:|")
+
+
+def _overhead_rows(times: Dict[str, List[List[float]]], batches: int, baseline: str) -> List[str]:
+    """Steady state: median over all blocks after the first of each epoch. Epoch start: median
+    over epochs of (first block - steady block). Incl. start: median over epochs of the epoch's
+    total time / batches."""
+    stats = {}
+    for name, rounds in times.items():
+        block = batches // len(rounds[0])
+        steady = statistics.median([t for blocks in rounds for t in blocks[1:]]) / block
+        start = statistics.median([blocks[0] - steady * block for blocks in rounds])
+        total = statistics.median([sum(blocks) for blocks in rounds]) / batches
+        stats[name] = (steady, start, total)
+    b_steady, _, b_total = stats[baseline]
     out = []
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        spread = f"{min(ts) / batches * 1e6:,.1f}–{max(ts) / batches * 1e6:,.1f}"
-        over = "—" if name == baseline else f"{(med / base - 1) * 100:+.1f}%"
-        out.append(f"| {name} | {med / batches * 1e6:,.1f} | {spread} | {over} |")
+    for name, (steady, start, total) in stats.items():
+        o1 = "—" if name == baseline else f"{(steady / b_steady - 1) * 100:+.1f}%"
+        o2 = "—" if name == baseline else f"{(total / b_total - 1) * 100:+.1f}%"
+        out.append(f"| {name} | {steady * 1e6:,.1f} | {start * 1e3:,.2f} | {total * 1e6:,.1f} | {o1} | {o2} |")
     return out
 
 
@@ -345,15 +397,15 @@ def main() -> None:
         print(f"| {row['who']} | {t} | {c} | {row['detail']} |", flush=True)
 
     print(f"\n## 3. Per-batch cost over one epoch of {args.batches:,} batches (64 x float32[256], shuffled, "
-          f"num_workers=0); median of {args.rounds} interleaved rounds\n")
-    print("| loader | per batch (µs, median) | range over rounds (µs) | overhead vs plain |")
-    print("|---|---:|---:|---:|")
+          f"num_workers=0); {args.rounds} epochs per loader, interleaved in blocks of 50 batches\n")
+    print(OVERHEAD_HEADER)
     times = bench_overhead_torch(acc, hf, args.rounds, args.batches)
     print("\n".join(_overhead_rows(times, args.batches, "plain torch `DataLoader`")), flush=True)
     if not args.no_jax:
         res = bench_overhead_jax(args.rounds, args.batches)
+        print(f"\nJAX backend (for information; JAX {res['jax']}, devices {res['devices']}, child process):\n")
+        print(OVERHEAD_HEADER)
         print("\n".join(_overhead_rows(res["times"], args.batches, "plain NumPy loop + `jnp.asarray`")))
-        print(f"\n(JAX {res['jax']}, devices {res['devices']}, child process)")
     print("\nTarget: prepared-loader overhead < 3%.")
     print(f"\nTotal runtime {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.1f}")
 

@@ -329,9 +329,9 @@ class Accelerator:
         if self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration += 1
         if not async_save:
-            return manager.save(final, manager.snapshot(iteration))
+            return manager.save(final, manager.safe_snapshot(iteration))
+        snapshot = manager.safe_snapshot(iteration, copy=True)
         token, tmp = manager.begin(final)
-        snapshot = manager.snapshot(iteration, copy=True)
         self._async_save = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
         return final
 

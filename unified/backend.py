@@ -10,6 +10,7 @@ Adding a framework means writing one module in `backends/` and adding one line t
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -19,10 +20,21 @@ from .errors import BackendUnavailable
 
 __all__ = ["Backend", "available_backends", "resolve_backend_name", "create_backend"]
 
-# name -> ("module:Class", framework module that must be importable, pip extra)
-_REGISTRY: Dict[str, Tuple[str, str, str]] = {
-    "torch": ("backends.torch_backend:TorchBackend", "torch", "torch"),
-    "jax": ("backends.jax_backend:JaxBackend", "jax", "jax"),
+@dataclasses.dataclass(frozen=True)
+class BackendSpec:
+    """How to find, install and launch one backend."""
+
+    target: str                     # "module:Class" of the Backend subclass
+    framework: str                  # module that must be importable
+    extra: str                      # pip extra that installs it
+    launcher: str = "env"           # "torchrun", or "env": `unified launch` sets UNIFIED_* variables
+    service: Optional[str] = None   # module run once per job beside the workers ("env" launcher)
+
+
+# The one place that maps a backend name to its code.
+_REGISTRY: Dict[str, BackendSpec] = {
+    "torch": BackendSpec("backends.torch_backend:TorchBackend", "torch", "torch", launcher="torchrun"),
+    "jax": BackendSpec("backends.jax_backend:JaxBackend", "jax", "jax", service="backends.jax_coordinator"),
 }
 DEFAULT_BACKEND = "torch"
 
@@ -156,7 +168,16 @@ def available_backends() -> List[str]:
         >>> unified.available_backends()   # doctest: +SKIP
         ['torch', 'jax']
     """
-    return [name for name, (_, module, _) in _REGISTRY.items() if _installed(module)]
+    return [name for name, spec in _REGISTRY.items() if _installed(spec.framework)]
+
+
+def backend_names() -> List[str]:
+    """Every registered backend name, installed or not."""
+    return list(_REGISTRY)
+
+
+def backend_spec(name: str) -> BackendSpec:
+    return _REGISTRY[name]
 
 
 def _installed(module: str) -> bool:
@@ -192,11 +213,11 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
 
 def create_backend(name: str) -> Backend:
     """Instantiate the backend registered under ``name`` (importing its framework now)."""
-    target, module, extra = _REGISTRY[name]
-    if not _installed(module):
+    spec = _REGISTRY[name]
+    if not _installed(spec.framework):
         raise BackendUnavailable(
-            f"The {name!r} backend needs {module}, which is not installed. "
-            f"Install it with: pip install 'unified[{extra}]'"
+            f"The {name!r} backend needs {spec.framework}, which is not installed. "
+            f"Install it with: pip install 'unified[{spec.extra}]'"
         )
-    module_name, class_name = target.split(":")
+    module_name, class_name = spec.target.split(":")
     return getattr(importlib.import_module(module_name), class_name)()

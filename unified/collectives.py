@@ -8,7 +8,6 @@ gather / reduce / broadcast. It also implements the ordered-section protocol beh
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import numbers
 from typing import Any, Iterator, List, Optional
@@ -21,8 +20,6 @@ from .tree import flatten
 
 __all__ = ["Collectives"]
 
-_INSTANCES = itertools.count()
-
 
 class Collectives:
     """Timed, uniquely keyed collectives for one Accelerator."""
@@ -33,14 +30,10 @@ class Collectives:
         if not self.timeout > 0:
             raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}.")
         self._calls = 0
-        # Every process creates its Accelerators in the same order, so this numbers them alike
-        # and keeps two Accelerators of one process from sharing collective keys.
-        self._instance = next(_INSTANCES)
 
     def _key(self, operation: str) -> str:
         self._calls += 1
-        prefix = f"[{self._instance}] " if self._instance else ""
-        return f"{prefix}{operation} #{self._calls}"
+        return f"{operation} #{self._calls}"
 
     def _timeout(self, timeout: Optional[float]) -> float:
         value = self.timeout if timeout is None else float(timeout)

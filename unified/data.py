@@ -113,6 +113,14 @@ class PreparedDataLoader:
         start = batch * g + self._backend.process_index * self.batch_size
         return [int(order[i % len(order)]) for i in range(start, start + self.batch_size)]
 
+    def _index_lists(self, order: np.ndarray, first: int) -> Iterator[List[int]]:
+        """This process's index lists from global batch ``first`` to the epoch's end, lazily."""
+        b, g, n = self.batch_size, self.global_batch_size, len(order)
+        offset = self._backend.process_index * b
+        for k in range(first, len(self)):
+            start = k * g + offset
+            yield order[start:start + b].tolist() if start + b <= n else self.batch_indices(order, k)
+
     def padding_in_batch(self, batch: int) -> int:
         """How many trailing samples of global batch ``batch`` repeat the epoch's first samples."""
         return max(0, (batch + 1) * self.global_batch_size - len(self.dataset))
@@ -125,8 +133,7 @@ class PreparedDataLoader:
         if roll_over and self.position >= len(self):  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
-        lists = [self.batch_indices(order, b) for b in range(self.position, len(self))]
-        for batch in self._batches(lists):  # skipped batches are not in `lists`: never loaded
+        for batch in self._batches(self._index_lists(order, self.position)):  # skipped: never loaded
             self.position += 1  # a checkpoint taken while this batch is in use resumes after it
             yield self._backend.place_batch(batch)
         self.epoch, self.position = self.epoch + 1, 0

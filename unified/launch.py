@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
+from .backend import backend_names, backend_spec, resolve_backend_name
+
 __all__ = ["build_parser", "launch", "main"]
 
 GRACE_SECONDS = 10.0
@@ -31,7 +33,7 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser = parser or argparse.ArgumentParser(prog="unified launch")
     parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=1,
                         help="processes per machine (default 1)")
-    parser.add_argument("--backend", choices=["torch", "jax"], default=None,
+    parser.add_argument("--backend", choices=backend_names(), default=None,
                         help="backend of the group (default: UNIFIED_BACKEND, else the installed one, else torch)")
     parser.add_argument("--main-process-port", "--main_process_port", type=int, default=None,
                         help="port of the rendezvous/coordinator (default: a free port on one machine, 29500 on several)")
@@ -106,21 +108,22 @@ def torch_workers(args: argparse.Namespace, port: int) -> List[Worker]:
     return [Worker(argv, _base_env("torch"), label)]
 
 
-def jax_workers(args: argparse.Namespace, port: int) -> List[Worker]:
-    """N children with the coordinator variables `backends.jax_backend` reads; machine 0 also
-    runs JAX's coordination service in a child of its own (see backends/jax_coordinator.py)."""
+def env_workers(backend: str, args: argparse.Namespace, port: int, service: Optional[str]) -> List[Worker]:
+    """N children with the UNIFIED_* process-group variables; machine 0 also runs the backend's
+    service, if it has one, in a child of its own (JAX: backends/jax_coordinator.py)."""
     total = args.num_processes * args.num_machines
     address = f"{args.main_process_ip}:{port}"
     workers = []
-    if args.machine_rank == 0:
-        workers.append(Worker([sys.executable, "-m", "backends.jax_coordinator", address, str(total)],
-                              {**_base_env("jax"), "TF_CPP_MIN_LOG_LEVEL": "2"}, lambda line: f"[coordinator] {line}", service=True))
+    if args.machine_rank == 0 and service:
+        workers.append(Worker([sys.executable, "-m", service, address, str(total)],
+                              {**_base_env(backend), "TF_CPP_MIN_LOG_LEVEL": "2"},
+                              lambda line: f"[{service}] {line}", service=True))
     for local in range(args.num_processes):
         index = args.machine_rank * args.num_processes + local
-        env = _base_env("jax")
+        env = _base_env(backend)
         env.update(
             UNIFIED_COORDINATOR_ADDRESS=address,
-            UNIFIED_COORDINATOR_HOSTED="1",
+            UNIFIED_COORDINATOR_HOSTED="1" if service else "0",
             UNIFIED_NUM_PROCESSES=str(total),
             UNIFIED_PROCESS_ID=str(index),
             UNIFIED_LOCAL_PROCESS_ID=str(local),
@@ -130,8 +133,6 @@ def jax_workers(args: argparse.Namespace, port: int) -> List[Worker]:
                               lambda line, i=index: f"[{i}] {line}"))
     return workers
 
-
-_WORKER_BUILDERS = {"torch": torch_workers, "jax": jax_workers}
 
 
 def _pump(stream, label: Callable[[str], str], lock: threading.Lock) -> None:
@@ -216,13 +217,16 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
 def launch(args: argparse.Namespace) -> int:
     """Start the group described by parsed ``args``; returns the exit code."""
     _validate(args)
-    from .backend import resolve_backend_name  # light: imports no framework
-
     backend = resolve_backend_name(args.backend)
     port = args.main_process_port
     if port is None:
         port = free_port() if args.num_machines == 1 else 29500
-    return run_group(_WORKER_BUILDERS[backend](args, port), remote_peers=args.num_machines > 1)
+    spec = backend_spec(backend)
+    if spec.launcher == "torchrun":
+        workers = torch_workers(args, port)
+    else:
+        workers = env_workers(backend, args, port, spec.service)
+    return run_group(workers, remote_peers=args.num_machines > 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any, Dict
 
 import numpy as np
@@ -10,7 +11,9 @@ __all__ = ["set_seed", "capture_host_rng", "restore_host_rng"]
 
 
 def set_seed(seed: int, backend: Any = None) -> None:
-    """Seed Python's `random`, NumPy's global generator and, when given, the backend's framework.
+    """Seed Python's `random`, NumPy's global generator and the framework: the given backend's,
+    or torch's global generators when torch is imported. (JAX has no global generator: the
+    Accelerator's key stream is seeded by ``Accelerator(seed=...)``.)
 
     Example:
         >>> from unified.utils import set_seed
@@ -20,6 +23,8 @@ def set_seed(seed: int, backend: Any = None) -> None:
     np.random.seed(seed % 2**32)
     if backend is not None:
         backend.seed(seed)
+    elif "torch" in sys.modules:  # as Accelerate's set_seed does; never imports torch itself
+        sys.modules["torch"].manual_seed(seed)
 
 
 def capture_host_rng() -> Dict[str, Any]:

@@ -326,7 +326,11 @@ def data_epochs(state: dict) -> dict:
     acc = state["acc"]
     _, loader = _loader(acc)
     epochs = [[_rows(b) for b in loader] for _ in range(2)]
-    return {"epochs": epochs, "padding": [loader.padding_in_batch(k) for k in range(len(loader))]}
+    batch = next(iter(loader))  # epoch 2's first batch: a global jax.Array on JAX
+    gathered = np.asarray(acc.gather(batch["x"])).ravel().tolist()
+    loss_like = acc.reduce(batch["x"].sum() * 0 + 1, "sum")  # a jitted step's replicated scalar
+    return {"epochs": epochs, "padding": [loader.padding_in_batch(k) for k in range(len(loader))],
+            "gathered": gathered, "first_rows": _rows(batch), "reduced": float(np.asarray(loss_like))}
 
 
 def data_skip(state: dict) -> dict:

@@ -39,7 +39,9 @@ def test_each_sample_once_per_epoch_and_epochs_differ(group):
     e0, e1 = (_epoch_sequence(results, e, padding) for e in (0, 1))
     assert sorted(e0) == list(range(10)) and sorted(e1) == list(range(10))
     assert e0 != e1
-    group.sequence = e0
+    # gather of a prepared batch is the global batch in process order, on both backends
+    assert all(r["gathered"] == [x for q in results for x in q["first_rows"]] for r in results)
+    assert all(r["reduced"] == group.size for r in results)
 
 
 def test_same_seed_same_order_at_any_process_count(request, group):

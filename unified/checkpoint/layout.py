@@ -1,6 +1,7 @@
 """Checkpoint directories: automatic names, the newest complete one, retention, atomic commit."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -77,12 +78,31 @@ def recover(final: str) -> None:
 
 
 def remove_stale_temporaries(parent: str) -> None:
-    """Delete temporary directories left by crashed saves (called by the main process only)."""
+    """Delete what crashed saves left (called by the main process after a commit): temporary
+    directories, and set-aside old checkpoints whose replacement is in place."""
     if not os.path.isdir(parent):
         return
     for entry in os.listdir(parent):
-        if entry.startswith(".") and TMP_MARK in entry:
+        if not entry.startswith("."):
+            continue
+        replaced = OLD_MARK in entry and os.path.isdir(os.path.join(parent, entry[1:].split(OLD_MARK)[0]))
+        if TMP_MARK in entry or replaced:
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def foreign_entries(directory: str) -> List[str]:
+    """Entries of an existing ``directory`` that a checkpoint did not write (empty: safe to replace)."""
+    if not os.path.isdir(directory):
+        return []
+    names = os.listdir(directory)
+    if not names:
+        return []
+    try:
+        with open(os.path.join(directory, MANIFEST)) as handle:
+            listed = set(json.load(handle).get("files", {})) | {MANIFEST}
+    except (OSError, ValueError, AttributeError):
+        return sorted(names)
+    return sorted(n for n in names if n not in listed)
 
 
 def apply_retention(folder: str, total_limit: Optional[int], keep: str) -> List[str]:

@@ -114,7 +114,27 @@ class CheckpointManager:
                 "save_state() needs a directory: pass output_dir, or set project_dir, or enable "
                 "ProjectConfiguration(automatic_checkpoint_naming=True)."
             )
-        return os.fspath(target)
+        target = os.fspath(target)
+        foreign = layout.foreign_entries(target)
+        if foreign:
+            raise CheckpointError(
+                f"{target}: refusing to save here: the directory holds {', '.join(foreign[:5])}, which no checkpoint "
+                "wrote, and saving replaces the directory whole. Pass another output_dir or use automatic naming."
+            )
+        return target
+
+    def safe_snapshot(self, iteration: int, copy: bool = False) -> Snapshot:
+        """`snapshot` on every process, failing on every process when it fails on any."""
+        failure: Optional[BaseException] = None
+        try:
+            snap = self.snapshot(iteration, copy)
+        except (CheckpointError, TypeError, ValueError) as err:
+            failure = err
+        if self.collectives.any_flag(failure is not None, "save_state (snapshot)"):
+            if failure is not None:
+                raise failure
+            raise CheckpointError("save_state failed on another process before writing anything; see its error")
+        return snap
 
     def begin(self, final: str) -> Tuple[str, str]:
         """Agree on a token for this save (collective); returns ``(token, temporary directory)``."""
@@ -215,10 +235,13 @@ class CheckpointManager:
             manifest, states, rng = self._read(directory)
         except (CheckpointError, OSError) as err:
             failure = err
-        if self.collectives.any_flag(failure is not None, "load_state (verified)"):
-            if failure is not None:
-                raise failure
-            raise CheckpointError(f"{directory}: another process could not load this checkpoint; see its error")
+        # Every process learns every failure, so each raises an error naming the bad file.
+        errors = self.collectives.all_gather_json(None if failure is None else str(failure), "load_state (verified)")
+        if failure is not None:
+            raise failure
+        others = [f"process {rank}: {e}" for rank, e in enumerate(errors) if e]
+        if others:
+            raise CheckpointError(f"{directory}: cannot be loaded; " + "; ".join(others))
         for entry in self.entries:
             try:
                 entry.set_state(states[entry.name])
@@ -251,7 +274,10 @@ class CheckpointManager:
                 f"{where}: holds objects {saved}; this run prepared/registered {mine}. Prepare and register "
                 "the same objects in the same order as the run that saved it."
             )
-        structures = manifest.get("structures", {})
+        structures = manifest.get("structures")
+        missing = [e.name for e in self.entries if not isinstance(structures, dict) or e.name not in structures]
+        if missing:
+            raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}")
         states = {}
         for entry in self.entries:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
@@ -271,7 +297,7 @@ class CheckpointManager:
             self.backend.set_rng_state(rng["framework"])
             return
         # Another number of processes: per-process streams cannot be mapped one to one. The
-        # documented rule: re-derive every generator from (seed, iteration, process index).
+        # documented rule: re-derive every generator from (iteration, process index).
         seed = zlib.crc32(f"unified/{manifest.get('iteration', 0)}/{self.backend.process_index}".encode())
         random.seed(seed)
         np.random.seed(seed)
