@@ -20,6 +20,9 @@ from unified.errors import BarrierTimeout, DistributedError
 _ARRIVAL_PROBE_S = 1.0
 # After a peer's disconnection, how long survivors wait for each other's arrival notes.
 _DIAGNOSE_GRACE_S = 2.0
+# Busy polls of a collective before sleeping between polls, and the longest sleep.
+_SPIN_POLLS = 20000
+_MAX_SLEEP_S = 0.005
 
 
 class TorchBackend(Backend):
@@ -73,19 +76,29 @@ class TorchBackend(Backend):
 
     # -- timed waiting ----------------------------------------------------------------------------
     def _wait(self, work: Any, key: str, timeout: float) -> None:
-        """Wait for ``work``; on timeout or a lost peer raise `BarrierTimeout` naming the missing."""
-        probe = min(_ARRIVAL_PROBE_S, timeout)
+        """Wait for ``work``; on timeout or a lost peer raise `BarrierTimeout` naming the missing.
+
+        Polls ``is_completed()`` rather than calling ``work.wait(timeout=...)``: with gloo a
+        timed wait sometimes makes the process abort at exit ("terminate called without an
+        active exception"), while an untimed ``wait()`` after completion does not.
+        """
+        start = time.monotonic()
+        probe_at, deadline = start + min(_ARRIVAL_PROBE_S, timeout), start + timeout
+        published, polls = False, 0
+        while not work.is_completed():
+            polls += 1
+            if polls > _SPIN_POLLS:  # spin through fast collectives, then back off gently
+                time.sleep(min(_MAX_SLEEP_S, (polls - _SPIN_POLLS) * 1e-4))
+                now = time.monotonic()
+                if not published and now >= probe_at:
+                    self._publish_arrival(key)
+                    published = True
+                if now >= deadline:
+                    self._fail(key, timeout, TimeoutError(f"not completed after {timeout:g}s"), grace=0.0)
         try:
-            work.wait(timeout=datetime.timedelta(seconds=probe))
-            return
-        except RuntimeError as err:
-            if "timed out" not in str(err).lower():
-                self._fail(key, timeout, err, grace=_DIAGNOSE_GRACE_S)
-        self._publish_arrival(key)
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=max(timeout - probe, 1e-3)))
-        except RuntimeError as err:
-            self._fail(key, timeout, err, grace=0.0)
+            work.wait()
+        except RuntimeError as err:  # a peer died or disconnected
+            self._fail(key, timeout, err, grace=_DIAGNOSE_GRACE_S)
 
     def _publish_arrival(self, key: str) -> None:
         try:

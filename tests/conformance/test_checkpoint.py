@@ -98,33 +98,56 @@ class Payload:
         return (open, (os.environ.get("UNIFIED_TEST_SHARED", "/tmp") + "/PWNED", "w"))
 
 
+def _rewrite_manifest(directory, edit):
+    """Apply ``edit`` to the manifest and re-sign it, as an attacker who knows the format could."""
+    from unified.checkpoint.manifest import _digest
+
+    path = directory / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc.pop("manifest_xxh3")
+    edit(doc)
+    doc["manifest_xxh3"] = _digest(doc)
+    path.write_text(json.dumps(doc))
+
+
 def _damage(pristine, root):
-    """Copies of a good checkpoint, each damaged one way."""
+    """Copies of a good checkpoint, each damaged one way: case -> (directory, file to be named)."""
     cases = {}
 
-    def copy(name):
+    def copy(name, culprit):
         target = root / name
         shutil.copytree(pristine, target)
-        cases[name] = target
+        cases[name] = culprit
         return target
 
-    def biggest(d):
-        return max((p for p in d.iterdir() if p.suffix == ".safetensors"), key=lambda p: p.stat().st_size)
-
-    f = biggest(copy("flipped_byte"))
-    data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0xFF; f.write_bytes(bytes(data))
-    f = biggest(copy("truncated"))
+    for case, victim in (("flipped_byte", "model_0.safetensors"), ("flipped_rng", "rng_1.safetensors")):
+        f = copy(case, victim) / victim
+        data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0xFF; f.write_bytes(bytes(data))
+    f = copy("truncated", "optimizer_0.safetensors") / "optimizer_0.safetensors"
     f.write_bytes(f.read_bytes()[:-7])
-    biggest(copy("deleted_file")).unlink()
-    (copy("no_manifest") / "manifest.json").unlink()
-    m = copy("edited_manifest") / "manifest.json"
+    (copy("deleted_file", "model_0.safetensors") / "model_0.safetensors").unlink()
+    (copy("no_manifest", "manifest.json") / "manifest.json").unlink()
+    m = copy("edited_manifest", "manifest.json") / "manifest.json"
     doc = json.loads(m.read_text()); doc["iteration"] = 99; m.write_text(json.dumps(doc))
-    m = copy("wrong_backend") / "manifest.json"
-    doc = json.loads(m.read_text())
-    doc["backend"] = "jax" if doc["backend"] == "torch" else "torch"
-    m.write_text(json.dumps(doc))
+    _rewrite_manifest(copy("wrong_backend", "manifest.json"),
+                      lambda d: d.update(backend="jax" if d["backend"] == "torch" else "torch"))
+    # A file from another checkpoint: same name, other content.
+    other = copy("swapped_file", "model_0.safetensors")
+    (other / "model_0.safetensors").write_bytes((pristine / "optimizer_0.safetensors").read_bytes())
+    # Hostile: a symlink to a file outside, a path escaping the directory, a huge declared size.
+    d = copy("symlink_outside", "model_0.safetensors")
+    secret = root / "outside.bin"
+    secret.write_bytes((pristine / "model_0.safetensors").read_bytes())
+    (d / "model_0.safetensors").unlink()
+    (d / "model_0.safetensors").symlink_to(secret)
+
+    def escape(doc):
+        doc["files"]["../outside.bin"] = doc["files"].pop("model_0.safetensors")
+    _rewrite_manifest(copy("dotdot_path", "../outside.bin"), escape)
+    _rewrite_manifest(copy("huge_size", "model_0.safetensors"),
+                      lambda doc: doc["files"]["model_0.safetensors"].update(size=10**15))
     # Accelerate's file names with pickle payloads, beside a valid manifest: never read.
-    d = copy("pickle_payloads")
+    d = copy("pickle_payloads", None)
     for name in ("optimizer.bin", "random_states_0.pkl", "scheduler.bin", "pytorch_model.bin"):
         (d / name).write_bytes(pickle.dumps(Payload()))
     # The same payloads with no manifest at all (an Accelerate checkpoint): refused.
@@ -132,7 +155,7 @@ def _damage(pristine, root):
     d.mkdir()
     for name in ("optimizer.bin", "random_states_0.pkl", "model.safetensors"):
         (d / name).write_bytes(pickle.dumps(Payload()))
-    cases["accelerate_style"] = d
+    cases["accelerate_style"] = "manifest.json"
     return cases
 
 
@@ -144,13 +167,16 @@ def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path
     for rank, outcome in enumerate(group.scenario("ckpt_damaged")):
         assert outcome.pop("__pwned__") is False, "a pickle payload was executed"
         assert outcome["pickle_payloads"]["raised"] is None  # valid checkpoint; the extra files are ignored
-        for case in set(cases) - {"pickle_payloads"}:
+        for case, culprit in cases.items():
+            if culprit is None:
+                continue
             result = outcome[case]
             assert result["raised"] == "CheckpointError", (rank, case, result)
             assert result["untouched"], (rank, case)
-        assert "checksum" in outcome["flipped_byte"]["message"] and "model_0" in outcome["flipped_byte"]["message"] or \
-            "optimizer_0" in outcome["flipped_byte"]["message"]
+            assert culprit in result["message"], (rank, case, result["message"])
+        assert "checksum" in outcome["flipped_byte"]["message"]
+        assert "checksum" in outcome["flipped_rng"]["message"]  # process 0 learns process 1's error
         assert "truncated" in outcome["truncated"]["message"]
-        assert "manifest.json" in outcome["no_manifest"]["message"]
         assert "modified" in outcome["edited_manifest"]["message"]
+        assert "refusing file name" in outcome["dotdot_path"]["message"]
     assert not (tmp_path / "PWNED").exists()
