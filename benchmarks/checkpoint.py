@@ -21,7 +21,9 @@ What is measured (single process, CPU, page cache warm; it cannot be dropped wit
   backend="jax")``. Baseline: ``orbax.checkpoint.StandardCheckpointer`` saving
   ``{"model": nnx.state(model), "optimizer": nnx.state(optimizer)}`` then
   ``wait_until_finished()``; restore with the abstract (shape/dtype) tree as target, then
-  ``nnx.update`` of both objects (the work our ``load_state`` does in place).
+  ``nnx.update`` of both objects (the work our ``load_state`` does in place). That default
+  compresses every chunk with zstd (level 3), so for information the same is also timed with
+  ``AsyncCheckpointer(PyTreeCheckpointHandler(use_compression=False))`` (same bytes as ours).
 
 Fairness: one untimed warm-up round of every contender first; in each repeat the contenders
 run in a rotated order; each contender's save is followed by its load, then its directory is
@@ -326,7 +328,8 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
         assert np.array_equal(np.asarray(jax.tree_util.tree_leaves(nnx.state(optimizer))[big]), ref_mu), \
             "load did not restore the optimizer"
 
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = ocp.StandardCheckpointer()  # its default storage compresses chunks (zstd level 3)
+    uncompressed = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
     def run_ours(path: str) -> Dict[str, float]:
         save = _timed(lambda: ours.save_state(path))
@@ -353,6 +356,25 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
         check()
         return {"save_state": t_save, "load_state": t_load}
 
+    def run_orbax_uncompressed(path: str) -> Dict[str, float]:
+        def save() -> None:
+            uncompressed.save(os.path.abspath(path), {"model": nnx.state(model), "optimizer": nnx.state(optimizer)})
+            uncompressed.wait_until_finished()
+
+        def load() -> None:
+            target = {"model": nnx.state(model), "optimizer": nnx.state(optimizer)}
+            abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
+            restored = uncompressed.restore(os.path.abspath(path), args=ocp.args.PyTreeRestore(
+                item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract)))
+            nnx.update(model, restored["model"])
+            nnx.update(optimizer, restored["optimizer"])
+
+        t_save = _timed(save)
+        mutate()
+        t_load = _timed(load)
+        check()
+        return {"save_state": t_save, "load_state": t_load}
+
     def run_async(path: str) -> Dict[str, float]:
         blocking = _timed(lambda: ours.save_state(path, async_save=True))
         wait = _timed(ours.wait_for_checkpoint)
@@ -360,10 +382,12 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     base = os.path.join(args.dir, "jax")
     os.makedirs(base, exist_ok=True)
-    result = _run_rounds({"ours": run_ours, "orbax": run_orbax, "ours_async": run_async}, base, args.repeats)
+    result = _run_rounds({"ours": run_ours, "orbax": run_orbax, "ours_async": run_async,
+                          "orbax_uncompressed": run_orbax_uncompressed}, base, args.repeats)
     _log("  profile")
     result["profile"] = _profiles(ours, os.path.join(base, "profile"), mutate, check, args.profile_passes)
     checkpointer.close()
+    uncompressed.close()
     result.update(framework="jax", state_bytes=state_bytes, layers=layers, hidden=hidden,
                   versions={"jax": jax.__version__, "flax": flax.__version__, "orbax-checkpoint": ocp.__version__})
     return result
@@ -386,6 +410,11 @@ def report(results: List[Dict[str, Any]]) -> str:
             need = TARGETS[(fw, op)]
             lines.append(f"| {fw} | {op} (vs {base_name}) | {ours:.3f} | {base:.3f} | {_speedup(ours, base)} | "
                          f">= {need:g}x | {'yes' if base / ours >= need else 'NO'} |")
+        if fw == "jax":
+            for op in ("save_state", "load_state"):
+                ours, base = med["ours"][op], med["orbax_uncompressed"][op]
+                lines.append(f"| {fw} | {op} (info: vs orbax PyTreeCheckpointHandler(use_compression=False)) | "
+                             f"{ours:.3f} | {base:.3f} | {_speedup(ours, base)} | | |")
         block, wait, sync = med["ours_async"]["async blocking"], med["ours_async"]["async wait"], med["ours"]["save_state"]
         share = block / sync
         lines.append(f"| {fw} | save_state(async_save=True) blocking (vs our sync save) | {block:.3f} | {sync:.3f} | "
@@ -397,7 +426,7 @@ def report(results: List[Dict[str, Any]]) -> str:
         extra.append("| contender | files | bytes on disk (apparent) | allocated | save GB/s (median) | load GB/s (median) "
                      "| save min (s) | load min (s) |")
         extra.append("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for name in ("ours", base_name):
+        for name in ("ours", base_name) + (("orbax_uncompressed",) if fw == "jax" else ()):
             d, s = res["disk"][name], res["samples"][name]
             extra.append(f"| {name} | {d['files']} | {d['apparent']:,} | {d['allocated']:,} | "
                          f"{gb / med[name]['save_state']:.2f} | {gb / med[name]['load_state']:.2f} | "

@@ -12,6 +12,7 @@ from .accelerator import Accelerator
 from .backend import Backend, available_backends
 from .config import DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
+from .log import get_logger, tqdm
 from .errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, UnifiedError
 from . import utils
 
@@ -29,6 +30,8 @@ __all__ = [
     "ProjectConfiguration",
     "UnifiedError",
     "available_backends",
+    "get_logger",
     "skip_first_batches",
+    "tqdm",
     "utils",
 ]

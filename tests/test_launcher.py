@@ -1,0 +1,78 @@
+"""The launcher: rank-prefixed output, failure propagation, multi-machine flags on loopback."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import BACKENDS
+from .conformance.harness import free_port
+
+pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[1]
+IDENTITY = ROOT / "tests" / "scripts" / "identity.py"
+
+
+def _launch(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "unified", "launch", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _results(output):
+    found = {}
+    for line in output.splitlines():
+        match = re.match(r"^\[(\d+)\] RESULT (.*)$", line)
+        if match:
+            found[int(match.group(1))] = json.loads(match.group(2))
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_launch_prefixes_output_with_the_process_index(backend):
+    run = _launch("-n", "2", "--backend", backend, str(IDENTITY))
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = _results(run.stdout)
+    assert sorted(results) == [0, 1]
+    assert all(r["index"] == i and r["num"] == 2 and r["everyone"] == [0, 1] for i, r in results.items())
+    # the logger: the main-only message once, the per-process one from each process
+    assert run.stdout.count("main-only message") == 1
+    assert run.stdout.count("every-process message") == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_failure_stops_the_group_with_a_nonzero_exit(backend, tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import time, sys, unified\n"
+        "acc = unified.Accelerator(timeout=120)\n"
+        "if acc.process_index == 1:\n    sys.exit(3)\n"
+        "time.sleep(100)\n"
+    )
+    start = time.monotonic()
+    run = _launch("-n", "2", "--backend", backend, str(script), timeout=120)
+    assert run.returncode != 0
+    assert time.monotonic() - start < 60, "the sleeping process was not stopped"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_machines_on_loopback(backend):
+    port = str(free_port())
+    common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
+              "--main-process-port", port, "--backend", backend, str(IDENTITY)]
+    machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for rank in (0, 1)]
+    outputs = []
+    for proc in machines:
+        out, _ = proc.communicate(timeout=180)
+        outputs.append(out)
+        assert proc.returncode == 0, out
+    results = {**_results(outputs[0]), **_results(outputs[1])}
+    assert sorted(results) == [0, 1], outputs
+    assert all(r["num"] == 2 and r["local"] == 0 and r["everyone"] == [0, 1] for r in results.values())
+    assert 0 in _results(outputs[0]) and 1 in _results(outputs[1])
