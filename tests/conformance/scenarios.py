@@ -38,6 +38,7 @@ def identity(state: dict) -> dict:
 
 def barrier_order(state: dict) -> dict:
     acc = state["acc"]
+    acc.wait_for_everyone()  # start together, so that the sleeps below stagger the arrivals
     time.sleep(0.15 * acc.process_index)
     arrive = time.time()
     acc.wait_for_everyone()

