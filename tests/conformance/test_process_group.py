@@ -91,7 +91,7 @@ def test_lost_process_gives_survivors_barrier_timeout(group):
     survivors = list(range(group.size - 1))
     rows = [group.results[i].get(name) for i in survivors]
     assert all(r is not None for r in rows), group.show_logs()
-    limit = 15 + 2 if name == "dead_at_barrier" else 3 + 2
+    limit = (15 if name == "dead_at_barrier" else 3) + 5  # timeout + slack for a loaded 2-core CI
     for r in rows:
         assert r["raised"] == "BarrierTimeout" and r["is_timeout_error"], group.show_logs()
         assert r["elapsed"] < limit, r
@@ -100,7 +100,7 @@ def test_lost_process_gives_survivors_barrier_timeout(group):
     # Survivors exit cleanly and promptly: no hang at exit, no runtime abort.
     for i, r in zip(survivors, rows):
         assert group.returncodes[i] == 0, group.show_logs()
-        assert group.exit_times[i] is not None and group.exit_times[i] - r["exit_at"] < 5, group.show_logs()
+        assert group.exit_times[i] is not None and group.exit_times[i] - r["exit_at"] < 10, group.show_logs()
     if name == "stuck_at_barrier":  # the stuck process itself ends normally later, no abort
         assert group.returncodes[-1] == 0, group.show_logs()
     else:
