@@ -5,6 +5,7 @@ import ctypes
 import datetime
 import os
 import time
+import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -314,13 +315,18 @@ def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int
             f"sampler ({type(loader.sampler).__qualname__}) or batch_sampler is not supported yet."
         )
     source = _LoaderSettings(loader, isinstance(loader.sampler, RandomSampler))
+    loader_seed = int(seed or 0)
 
-    def batches(index_lists):  # the user's worker processes, collate_fn and pinning, our indices
+    def batches(index_lists, epoch):  # the user's worker processes, collate_fn and pinning, our indices
+        # A DataLoader iterator draws its workers' base seed from the global generator unless it
+        # has its own: give it one derived from (seed, epoch), so that iterating (or resuming)
+        # never shifts the training's random numbers and worker seeds are reproducible.
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{loader_seed}/{epoch}".encode()))
         return iter(DataLoader(
             loader.dataset, batch_sampler=index_lists, num_workers=loader.num_workers,
             collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, persistent_workers=False,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None, generator=generator,
         ))
 
     return PreparedDataLoader(source, backend, seed, batches=batches)

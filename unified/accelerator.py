@@ -62,7 +62,7 @@ class Accelerator:
             self.project_configuration.set_directories(project_dir)
         self.seed = seed
         if seed is not None:
-            set_seed(seed, self._backend)
+            set_seed(seed, backend=self._backend)
         self._init_state()
 
     def _init_state(self) -> None:

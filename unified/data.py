@@ -79,7 +79,7 @@ class PreparedDataLoader:
     """
 
     def __init__(self, source: Any, backend: Any, seed: Optional[int], *,
-                 batches: Optional[Callable[[List[List[int]]], Iterator[Any]]] = None) -> None:
+                 batches: Optional[Callable[[Iterator[List[int]], int], Iterator[Any]]] = None) -> None:
         self.source = source
         self.dataset = source.dataset
         self.batch_size = source.batch_size
@@ -88,7 +88,7 @@ class PreparedDataLoader:
         self.seed = int(seed if seed is not None else (getattr(source, "seed", None) or 0))
         self._backend = backend
         # index lists -> batches; a torch DataLoader plugs in its own (worker processes)
-        self._batches = batches or (lambda lists: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
+        self._batches = batches or (lambda lists, epoch: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
         self.epoch = 0
         self.position = 0  # index of the next global batch in this epoch
 
@@ -133,7 +133,7 @@ class PreparedDataLoader:
         if roll_over and self.position >= len(self):  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
-        for batch in self._batches(self._index_lists(order, self.position)):  # skipped: never loaded
+        for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
             self.position += 1  # a checkpoint taken while this batch is in use resumes after it
             yield self._backend.place_batch(batch)
         self.epoch, self.position = self.epoch + 1, 0

@@ -10,7 +10,7 @@ import numpy as np
 __all__ = ["set_seed", "capture_host_rng", "restore_host_rng"]
 
 
-def set_seed(seed: int, backend: Any = None) -> None:
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False, backend: Any = None) -> None:
     """Seed Python's `random`, NumPy's global generator and the framework: the given backend's,
     or torch's global generators when torch is imported. (JAX has no global generator: the
     Accelerator's key stream is seeded by ``Accelerator(seed=...)``.)
@@ -18,7 +18,14 @@ def set_seed(seed: int, backend: Any = None) -> None:
     Example:
         >>> from unified.utils import set_seed
         >>> set_seed(42)
+        >>> set_seed(42, device_specific=True)   # seed + process index
     """
+    if device_specific:  # Accelerate's meaning: a different seed on every process
+        from .log import process_index_from_env
+
+        seed += process_index_from_env()
+    if deterministic and "torch" in sys.modules:
+        sys.modules["torch"].use_deterministic_algorithms(True)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     if backend is not None:

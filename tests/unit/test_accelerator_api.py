@@ -293,9 +293,9 @@ def test_host_rng_state_survives_json_for_python_part():
 
 def test_set_seed_is_deterministic_and_seeds_the_backend():
     backend = MemoryGroup(1).backends[0]
-    set_seed(123, backend)
+    set_seed(123, backend=backend)
     first = (_draw(), backend.rng.random())
-    set_seed(123, backend)
+    set_seed(123, backend=backend)
     assert (_draw(), backend.rng.random()) == first
     set_seed(2**40 + 123)  # larger than NumPy's 32-bit seed range: reduced, not rejected
     set_seed(124)
