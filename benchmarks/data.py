@@ -10,14 +10,10 @@ What is measured (all single-process, CPU, ``num_workers=0``):
    its calls), batch 32, shuffled. Time from the call to ``next(iter(skip_first_batches(loader,
    100_000)))`` until the first batch is returned, and ``__getitem__`` calls by then.
    * ours: ``unified.Accelerator(backend="torch").prepare(unified.DataLoader(ds, 32, shuffle=True,
-     seed=0))`` and ``acc.skip_first_batches``; the time is split into the epoch's permutation
-     (``loader.epoch_order``) and building the list of remaining index lists
-     (``[loader.batch_indices(order, b) for b in range(100_000, len(loader))]``), each timed
-     again on its own.
+     seed=0))`` and ``acc.skip_first_batches``; the epoch's permutation (``loader.epoch_order``)
+     is timed again on its own (index lists are made lazily, one per batch).
    * Accelerate: ``accelerate.skip_first_batches(accelerator.prepare(torch DataLoader(ds, 32,
      shuffle=True)), 100_000)`` (a ``SkipBatchSampler`` that draws and drops 100,000 index lists).
-   * prototype (not in ``unified``): the same ``PreparedDataLoader`` with the eager list replaced
-     by a generator of index lists (``order[s:s+B].tolist()``), checked to give the same lists.
    Two dataset sizes: the epoch just longer than the skip (1,000 batches left) and
    ``--skip-samples`` (default 6,400,000: 100,000 batches left, a resume in mid-epoch).
 2. Iterable skip: a torch ``IterableDataset`` counting the items it yields, batch 8, skip 1,000.
@@ -85,39 +81,10 @@ def _ms(seconds: float) -> str:
 
 
 # -- 1. map-style skip ------------------------------------------------------------------------------
-def lazy_index_lists(loader: Any, order: np.ndarray, first: int) -> Iterator[List[int]]:
-    """Prototype: the index lists of batches ``first..`` of the epoch, one at a time."""
-    g, b = loader.global_batch_size, loader.batch_size
-    start0 = loader._backend.process_index * b
-    n = len(order)
-    for k in range(first, len(loader)):
-        s = k * g + start0
-        yield order[s:s + b].tolist() if s + b <= n else loader.batch_indices(order, k)
-
-
-def _lazy_loader_class():
-    from unified.data import PreparedDataLoader
-
-    class LazyPreparedDataLoader(PreparedDataLoader):
-        """`PreparedDataLoader._run` with the eager list replaced by `lazy_index_lists` (prototype)."""
-
-        def _run(self, roll_over: bool = True) -> Iterator[Any]:
-            if roll_over and self.position >= len(self):
-                self.epoch, self.position = self.epoch + 1, 0
-            order = self.epoch_order(self.epoch)
-            for batch in self._batches(lazy_index_lists(self, order, self.position)):
-                self.position += 1
-                yield self._backend.place_batch(batch)
-            self.epoch, self.position = self.epoch + 1, 0
-
-    return LazyPreparedDataLoader
-
-
 def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     import accelerate
     import torch
     import unified
-    from unified.data import _SkippedView
 
     rows = []
     left = n // BATCH - SKIP
@@ -132,31 +99,10 @@ def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     t0 = time.perf_counter()
     order = loader.epoch_order(0)
     t_perm = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    eager = [loader.batch_indices(order, b) for b in range(SKIP, len(loader))]
-    t_lists = time.perf_counter() - t0
-    correct = first.tolist() == eager[0]
+    correct = first.tolist() == loader.batch_indices(order, SKIP)
     rows.append(dict(n=n, left=left, who="ours (`unified.DataLoader`, torch backend)", total=total, calls=calls,
-                     detail=f"permutation {_ms(t_perm)} ms + {left:,} index lists {_ms(t_lists)} ms "
-                            f"({t_lists / left * 1e6:.0f} µs each; timed apart)",
+                     detail=f"the epoch's permutation {_ms(t_perm)} ms (timed apart); index lists made lazily",
                      correct=correct))
-
-    # prototype: lazy generator of index lists
-    ds_p = CountingDataset(n)
-    proto = _lazy_loader_class()(unified.DataLoader(ds_p, batch_size=BATCH, shuffle=True, seed=0),
-                                 acc._backend, 0)
-    t0 = time.perf_counter()
-    first_p = next(iter(_SkippedView(proto, SKIP)))
-    total_p = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    gen = lazy_index_lists(loader, order, SKIP)
-    next(gen)
-    t_gen = time.perf_counter() - t0
-    same = first_p.tolist() == first.tolist() and [eager[0]] + list(gen) == eager
-    rows.append(dict(n=n, left=left, who="prototype: lazy index lists (not in `unified`)", total=total_p,
-                     calls=ds_p.calls, detail=f"first index list {t_gen * 1e6:,.0f} µs; all lists identical: {same}",
-                     correct=same))
-    del eager, gen
 
     # Accelerate
     ds_h = CountingDataset(n)
@@ -257,8 +203,7 @@ def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[s
         for k in range(batches):
             yield torch.from_numpy(np.stack([ds[int(i)] for i in order[k * bsz:(k + 1) * bsz]]))
 
-    lazy = _lazy_loader_class()(unified.DataLoader(ds, batch_size=bsz, shuffle=True, seed=0), acc._backend, 0)
-    for loader in (raw, ours_torch, ours_unified, hf_loader, lazy):
+    for loader in (raw, ours_torch, ours_unified, hf_loader):
         assert len(loader) == batches, len(loader)
     return _interleave({
         "plain torch `DataLoader`": lambda: iter(raw),
@@ -266,7 +211,6 @@ def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[s
         "ours: prepared `unified.DataLoader`": lambda: iter(ours_unified),
         "info: Accelerate prepared torch `DataLoader`": lambda: iter(hf_loader),
         "info: plain NumPy loop + `torch.from_numpy`": numpy_loop,
-        "info: prototype lazy index lists, `unified.DataLoader`": lambda: iter(lazy),
     }, rounds, batches)
 
 

@@ -101,19 +101,20 @@ class PreparedDataLoader:
         n, g = len(self.dataset), self.global_batch_size
         return n // g if self.drop_last else math.ceil(n / g)
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
+    def epoch_order(self, epoch: int) -> Any:
+        """The epoch's global sample order: ``order[i]`` is the ``i``-th sample of the epoch."""
         n = len(self.dataset)
         if not self.shuffle:
             return np.arange(n)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
+        return ShuffledOrder(n, self.seed, epoch)
 
-    def batch_indices(self, order: np.ndarray, batch: int) -> List[int]:
+    def batch_indices(self, order: Any, batch: int) -> List[int]:
         """This process's sample indices of global batch ``batch`` (wrapping around at the end)."""
         g = self.global_batch_size
         start = batch * g + self._backend.process_index * self.batch_size
         return [int(order[i % len(order)]) for i in range(start, start + self.batch_size)]
 
-    def _index_lists(self, order: np.ndarray, first: int) -> Iterator[List[int]]:
+    def _index_lists(self, order: Any, first: int) -> Iterator[List[int]]:
         """This process's index lists from global batch ``first`` to the epoch's end, lazily."""
         b, g, n = self.batch_size, self.global_batch_size, len(order)
         offset = self._backend.process_index * b
@@ -160,6 +161,82 @@ class PreparedDataLoader:
                 f"size whose global batch divides {seen}, or resume at an epoch boundary"
             )
         self.epoch, self.position, self.seed = int(state["epoch"]), seen // g, int(state["seed"])
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class ShuffledOrder:
+    """A random permutation of ``range(n)`` fixed by ``(seed, epoch)``, computed on demand.
+
+    A 4-round Feistel network over the next even power of two, with cycle-walking back into
+    ``[0, n)``, is a bijection; any slice costs time proportional to its length, so jumping to
+    batch 100,000 of an epoch (resume, `skip_first_batches`) never materialises the whole order.
+    """
+
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        bits += bits % 2
+        self._half = np.uint64(bits // 2)
+        self._mask = np.uint64((1 << (bits // 2)) - 1)
+        self._keys = np.random.default_rng([int(seed), int(epoch)]).integers(0, 2**63, size=4, dtype=np.uint64)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for key in self._keys:
+            left, right = right, left ^ (_mix(right ^ key) & self._mask)
+        return (left << self._half) | right
+
+    def _at(self, positions: np.ndarray) -> np.ndarray:
+        values = self._permute(positions.astype(np.uint64))
+        outside = values >= self.n
+        while outside.any():  # cycle-walk: at most a few rounds, the domain is < 4n
+            values[outside] = self._permute(values[outside])
+            outside = values >= self.n
+        return values.astype(np.int64)
+
+    _BLOCK = 16384  # positions computed together: vectorised, and reused by the next batches
+
+    def _block(self, number: int) -> np.ndarray:
+        cache = self.__dict__.setdefault("_cache", {})
+        if number not in cache:
+            if len(cache) >= 2:
+                cache.pop(next(iter(cache)))
+            start = number * self._BLOCK
+            cache[number] = self._at(np.arange(start, min(start + self._BLOCK, self.n), dtype=np.int64))
+        return cache[number]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.n)
+            if step != 1 or stop <= start:
+                return self._at(np.arange(start, stop, step, dtype=np.int64))
+            first, last = start // self._BLOCK, (stop - 1) // self._BLOCK
+            parts = [self._block(b) for b in range(first, last + 1)]
+            joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            offset = first * self._BLOCK
+            return joined[start - offset:stop - offset]
+        position = int(index)
+        if not -self.n <= position < self.n:
+            raise IndexError(f"position {position} outside an epoch of {self.n} samples")
+        position %= self.n
+        return int(self._block(position // self._BLOCK)[position % self._BLOCK])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = self._at(np.arange(self.n, dtype=np.int64))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def tolist(self) -> List[int]:
+        return np.asarray(self).tolist()
 
 
 class _SkippedView:
