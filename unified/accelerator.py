@@ -311,7 +311,9 @@ class Accelerator:
 
         With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directory is
         ``{project_dir}/checkpoints/checkpoint_{iteration}``. ``async_save=True`` returns after
-        a host snapshot and writes in the background (see `wait_for_checkpoint`).
+        a host snapshot and writes in the background (see `wait_for_checkpoint`); state with
+        arrays sharded across processes (written by every process through Orbax) is saved
+        synchronously.
         ``safe_serialization`` is accepted for Accelerate scripts: files are always safetensors.
 
         Returns the checkpoint directory.
@@ -331,6 +333,8 @@ class Accelerator:
         if not async_save:
             return manager.save(final, manager.safe_snapshot(iteration))
         snapshot = manager.safe_snapshot(iteration, copy=True)
+        if snapshot.sharded:  # Orbax's multi-process write is a collective: keep it in this thread
+            return manager.save(final, snapshot)
         token, tmp = manager.begin(final)
         self._async_save = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
         return final

@@ -110,6 +110,18 @@ class Backend:
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
         raise NotImplementedError
 
+    def is_sharded(self, value: Any) -> bool:
+        """True for an array whose parts live on several processes (saved by every process)."""
+        return False
+
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
+        """Write ``arrays`` (sharded across processes) into ``directory``; every process calls it."""
+        raise NotImplementedError
+
+    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective."""
+        raise NotImplementedError
+
     # -- training objects ---------------------------------------------------------------------
     def prepare(self, obj: Any) -> Optional[Tuple[str, Any]]:
         """``(kind, prepared)`` for a framework object (kind: ``"model"``, ``"optimizer"``,

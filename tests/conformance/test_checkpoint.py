@@ -180,3 +180,12 @@ def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path
         assert "modified" in outcome["edited_manifest"]["message"]
         assert "refusing file name" in outcome["dotdot_path"]["message"]
     assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.skipif("jax" not in BACKENDS, reason="needs jax")
+def test_arrays_sharded_across_processes_round_trip_through_orbax(tmp_path):
+    group = _ok(run_group("jax", 2, ["start", "ckpt_sharded"], tmp_path, extra_env=_env(tmp_path)))
+    for rank, r in enumerate(group.scenario("ckpt_sharded")):
+        assert r["mine"] == [[[1.0 + rank] * 3] * 2], r  # this process's rows, as saved
+        assert r["sharding_kept"]
+        assert "sharded.orbax" in r["listing"] and "manifest.json" in r["listing"]

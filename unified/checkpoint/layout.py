@@ -99,7 +99,7 @@ def foreign_entries(directory: str) -> List[str]:
         return []
     try:
         with open(os.path.join(directory, MANIFEST)) as handle:
-            listed = set(json.load(handle).get("files", {})) | {MANIFEST}
+            listed = {name.split("/")[0] for name in json.load(handle).get("files", {})} | {MANIFEST}
     except (OSError, ValueError, AttributeError):
         return sorted(names)
     return sorted(n for n in names if n not in listed)

@@ -23,7 +23,21 @@ import numpy as np
 from ..errors import CheckpointError
 from ..rng import capture_host_rng, restore_host_rng
 from . import codec, layout, safetensors_io
-from .manifest import read_manifest, write_manifest, check_file_name
+from .manifest import check_file_name, read_manifest, write_manifest
+from .safetensors_io import verify_file
+
+SHARDED_DIR = "sharded.orbax"
+
+
+def _hash_tree(root: str, sub: str) -> Dict[str, Any]:
+    """Manifest entries (size, xxh3) for every file below ``root/sub``, named ``sub/...``."""
+    entries = {}
+    for folder, _, names in os.walk(os.path.join(root, sub)):
+        for name in names:
+            path = os.path.join(folder, name)
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            entries[relative] = verify_file(path, None, None)
+    return entries
 
 
 def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
@@ -51,6 +65,9 @@ class Snapshot:
     iteration: int = 0
     files: Dict[str, Dict[str, safetensors_io.Exported]] = field(default_factory=dict)
     structures: Dict[str, Any] = field(default_factory=dict)
+    # arrays sharded across processes, written by every process through the backend (Orbax)
+    sharded: Dict[str, Any] = field(default_factory=dict)
+    sharded_names: Dict[str, str] = field(default_factory=dict)
 
 
 class CheckpointManager:
@@ -80,14 +97,22 @@ class CheckpointManager:
         """Everything this process must write, as host arrays. ``copy`` detaches them from the
         live training state (async saves), at the cost of one memory copy."""
         snap = Snapshot(iteration=iteration)
-        if self.backend.process_index == 0:
-            for entry in self.entries:
-                try:
-                    structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
-                except TypeError as err:
-                    raise CheckpointError(f"cannot save {entry.name}: {err}") from err
+        main = self.backend.process_index == 0
+        for entry in self.entries:
+            try:
+                structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
+            except TypeError as err:
+                raise CheckpointError(f"cannot save {entry.name}: {err}") from err
+            whole = {}
+            for name, value in arrays.items():
+                if self.backend.is_sharded(value):  # every process holds a part: all write
+                    key = f"a{len(snap.sharded)}"
+                    snap.sharded[key], snap.sharded_names[key] = value, name
+                elif main:
+                    whole[name] = self._export(value, copy)
+            if main:
                 snap.structures[entry.name] = structure
-                snap.files[f"{entry.name}.safetensors"] = {k: self._export(v, copy) for k, v in arrays.items()}
+                snap.files[f"{entry.name}.safetensors"] = whole
         rank = self.backend.process_index
         rng = {"host": capture_host_rng(), "framework": self.backend.rng_state()}
         structure, arrays = codec.encode(rng, lambda x: False, f"rng_{rank}")
@@ -147,7 +172,13 @@ class CheckpointManager:
         try:
             os.makedirs(tmp, exist_ok=True)
             files = {name: safetensors_io.write(os.path.join(tmp, name), arrays) for name, arrays in snap.files.items()}
-            return {"files": files, "structures": snap.structures}
+            report = {"files": files, "structures": snap.structures}
+            if snap.sharded:  # a collective of its own: every process writes its shards
+                self.backend.save_sharded(os.path.join(tmp, SHARDED_DIR), snap.sharded)
+                if self.backend.process_index == 0:
+                    files.update(_hash_tree(tmp, SHARDED_DIR))
+                    report["sharded"] = snap.sharded_names
+            return report
         except OSError as err:
             return {"error": f"process {self.backend.process_index}: {err}"}
 
@@ -199,6 +230,7 @@ class CheckpointManager:
             files.update(r["files"])
             structures.update(r["structures"])
         write_manifest(tmp, {
+            "sharded": reports[0].get("sharded", {}),
             "backend": self.backend.name,
             "num_processes": self.backend.num_processes,
             "iteration": iteration,
@@ -242,6 +274,8 @@ class CheckpointManager:
         others = [f"process {rank}: {e}" for rank, e in enumerate(errors) if e]
         if others:
             raise CheckpointError(f"{directory}: cannot be loaded; " + "; ".join(others))
+        if manifest.get("sharded"):
+            states = self._with_sharded(directory, manifest)
         for entry in self.entries:
             try:
                 entry.set_state(states[entry.name])
@@ -252,6 +286,26 @@ class CheckpointManager:
             highest = layout.highest_number(os.path.join(self.config.project_dir, layout.CHECKPOINTS))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
+
+    def _with_sharded(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Any]:
+        """Decode every object again with its sharded arrays restored through the backend
+        (a collective), placed like the arrays the objects hold now."""
+        current: Dict[str, Any] = {}
+        for entry in self.entries:
+            current.update(codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
+        names = manifest["sharded"]
+        missing = [n for n in names.values() if n not in current]
+        if missing:
+            raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects")
+        restored = self.backend.load_sharded(os.path.join(directory, SHARDED_DIR), {k: current[n] for k, n in names.items()})
+        by_name = {names[k]: v for k, v in restored.items()}
+        states = {}
+        for entry in self.entries:
+            arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
+            arrays = {k: self.backend.from_numpy(v) for k, v in arrays.items()}
+            arrays.update(by_name)
+            states[entry.name] = codec.decode(manifest["structures"][entry.name], arrays, lambda a: a)
+        return states
 
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
         info = manifest["files"].get(name)
@@ -279,9 +333,15 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}")
         states = {}
+        sharded = set(manifest.get("sharded", {}).values())
         for entry in self.entries:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
+            if sharded:  # decoded again after the collective restore (see _with_sharded)
+                continue
             states[entry.name] = codec.decode(structures[entry.name], arrays, self.backend.from_numpy)
+        for name, info in manifest["files"].items():
+            if name.startswith(SHARDED_DIR + "/"):
+                verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
         rank = self.backend.process_index
         rng = None
         if manifest.get("num_processes") == self.backend.num_processes:

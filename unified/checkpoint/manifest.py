@@ -37,10 +37,15 @@ def write_manifest(directory: str, body: Dict[str, Any]) -> None:
 
 
 def check_file_name(directory: str, name: str) -> str:
-    """The path of manifest entry ``name``, refusing anything that could leave ``directory``."""
-    if not isinstance(name, str) or not _SAFE_NAME.match(name) or name in (".", ".."):
+    """The path of manifest entry ``name`` (plain names, or ``/``-separated plain names below
+    the checkpoint), refusing anything that could leave ``directory``."""
+    parts = name.split("/") if isinstance(name, str) else [None]
+    if not all(isinstance(p, str) and _SAFE_NAME.match(p) and p not in (".", "..") for p in parts):
         raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: refusing file name {name!r} (only plain names inside the checkpoint are allowed)")
-    return os.path.join(directory, name)
+    path = os.path.join(directory, *parts)
+    if any(os.path.islink(os.path.join(directory, *parts[:i])) for i in range(1, len(parts))):
+        raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it")
+    return path
 
 
 def read_manifest(directory: str) -> Dict[str, Any]:

@@ -110,6 +110,26 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     return parse(buffer, path)
 
 
+def verify_file(path: str, size, checksum) -> Dict[str, object]:
+    """Hash one file in chunks (not following links); compare with ``size``/``checksum`` when
+    given (raising `CheckpointError`), and return its ``{"size", "xxh3"}``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})") from err
+    digest, total = xxhash.xxh3_64(), 0
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        actual = os.fstat(handle.fileno()).st_size
+        if size is not None and actual != size:
+            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced.")
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+            total += len(chunk)
+    if checksum is not None and digest.hexdigest() != checksum:
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified")
+    return {"size": total, "xxh3": digest.hexdigest()}
+
+
 def parse(buffer: bytearray, name: str) -> Dict[str, np.ndarray]:
     """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation."""
     try:
