@@ -89,6 +89,7 @@ class JaxBackend(Backend):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
+    immutable_arrays = True
 
     def __init__(self) -> None:
         self._client: Any = None

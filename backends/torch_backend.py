@@ -5,6 +5,7 @@ import ctypes
 import datetime
 import os
 import time
+import warnings
 import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -215,7 +216,7 @@ class TorchBackend(Backend):
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         if "torch_cpu" not in state:
             raise DistributedError("The checkpoint has no torch CPU RNG state; refusing to resume without it.")
-        torch.set_rng_state(torch.from_numpy(np.asarray(state["torch_cpu"], dtype=np.uint8)))
+        torch.set_rng_state(torch.from_numpy(np.array(state["torch_cpu"], dtype=np.uint8)))
         if torch.cuda.is_available():
             cuda = [state.get(f"torch_cuda_{i}") for i in range(torch.cuda.device_count())]
             if any(s is None for s in cuda):
@@ -223,7 +224,7 @@ class TorchBackend(Backend):
                     f"The checkpoint holds CUDA RNG states for {sum(s is not None for s in cuda)} GPU(s); "
                     f"this process sees {torch.cuda.device_count()}."
                 )
-            torch.cuda.set_rng_state_all([torch.from_numpy(np.asarray(s, dtype=np.uint8)) for s in cuda])
+            torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s, dtype=np.uint8)) for s in cuda])
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
     def export_array(self, value: Any):
@@ -280,14 +281,25 @@ class TorchBackend(Backend):
         return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
 
     def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
+        """``state`` holds read-only NumPy views of the checkpoint: a model's ``load_state_dict``
+        copies them into its parameters; every other object gets its own copies, because an
+        optimizer keeps the tensors it is given and updates them in place."""
+        from unified.tree import flatten
+
+        view = kind == "model"
+        leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
+        tensors = [_tensor_from_numpy(x if view else np.array(x)) if isinstance(x, np.ndarray) else x for x in leaves]
         target = self.unwrap_model(obj) if kind == "model" else obj
-        target.load_state_dict(state)
+        target.load_state_dict(rebuild(tensors))
 
 
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    """A tensor sharing ``array``'s memory (read-only views of a checkpoint are only read)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        if array.dtype.name == "bfloat16":
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
 
 
 _SAFETENSORS_DTYPES = {

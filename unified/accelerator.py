@@ -276,11 +276,12 @@ class Accelerator:
                     lambda state: backend.load_state_into(kind, prepared, state))
         return prepared
 
-    def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None]) -> None:
+    def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
+               managed: bool = True) -> None:
         index = self._counts.get(kind, 0)
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
-        self._checkpoints.add(Entry(name, get_state, set_state))
+        self._checkpoints.add(Entry(name, get_state, set_state, managed))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and
@@ -302,7 +303,7 @@ class Accelerator:
         backend = self._backend
         for obj in objects:
             self._track("custom_checkpoint", obj, obj.state_dict,
-                        lambda state, o=obj: o.load_state_dict(state))
+                        lambda state, o=obj: o.load_state_dict(state), managed=False)
 
     def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
                    async_save: Optional[bool] = None, **save_model_func_kwargs: Any) -> str:

@@ -49,6 +49,9 @@ class Backend:
 
     name: str = "base"
     distributed_type: str = "NO"
+    # True when the framework never changes an array in place (JAX): an async save may then
+    # write from views of the live arrays instead of copying them first.
+    immutable_arrays: bool = False
 
     # -- identity -------------------------------------------------------------------------
     process_index: int = 0

@@ -56,6 +56,9 @@ class Entry:
     name: str
     get_state: Callable[[], Any]
     set_state: Callable[[Any], None]
+    # True: the backend restores it from read-only NumPy views (it copies into the live object);
+    # False: a user object, which gets its own writable copies as framework arrays.
+    managed: bool = True
 
 
 @dataclass
@@ -91,6 +94,7 @@ class CheckpointManager:
             dtype, shape, raw = safetensors_io.export_numpy(value)
         else:
             dtype, shape, raw = self.backend.export_array(value)
+            copy = copy and not self.backend.immutable_arrays  # a view of an immutable array stays valid
         return dtype, shape, (raw.copy() if copy else raw)
 
     def snapshot(self, iteration: int, copy: bool = False) -> Snapshot:
@@ -302,10 +306,19 @@ class CheckpointManager:
         states = {}
         for entry in self.entries:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
-            arrays = {k: self.backend.from_numpy(v) for k, v in arrays.items()}
-            arrays.update(by_name)
-            states[entry.name] = codec.decode(manifest["structures"][entry.name], arrays, lambda a: a)
+            states[entry.name] = self._decode(entry, manifest["structures"][entry.name], arrays, by_name)
         return states
+
+    def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
+        """An entry's state from its arrays: views for managed objects, writable copies otherwise."""
+        if not entry.managed:
+            arrays = {k: np.array(v) for k, v in arrays.items()}
+        convert = (lambda a: a) if entry.managed else self.backend.from_numpy
+        if restored:  # arrays restored in place by the backend (sharded) are used as they are
+            arrays = {**arrays, **restored}
+            plain = convert
+            convert = lambda a: a if any(a is r for r in restored.values()) else plain(a)  # noqa: E731
+        return codec.decode(structure, arrays, convert)
 
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
         info = manifest["files"].get(name)
@@ -338,7 +351,7 @@ class CheckpointManager:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
             if sharded:  # decoded again after the collective restore (see _with_sharded)
                 continue
-            states[entry.name] = codec.decode(structures[entry.name], arrays, self.backend.from_numpy)
+            states[entry.name] = self._decode(entry, structures[entry.name], arrays)
         for name, info in manifest["files"].items():
             if name.startswith(SHARDED_DIR + "/"):
                 verify_file(check_file_name(directory, name), info["size"], info["xxh3"])

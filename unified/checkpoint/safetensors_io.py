@@ -8,9 +8,10 @@ NumPy views into them.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
-from typing import Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import numpy as np
 import xxhash
@@ -83,29 +84,26 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
-    """Read and verify one file; returns NumPy arrays viewing one buffer.
+    """Map and verify one file; returns read-only NumPy arrays viewing the mapping.
 
-    Raises `CheckpointError` naming the file when it is missing, a link, of another size,
-    fails its checksum, or is not well-formed safetensors.
+    The page cache is mapped rather than copied into a fresh buffer: the only copy of the data
+    is the one into the objects being restored. Raises `CheckpointError` naming the file when
+    it is missing, a link, of another size, fails its checksum, or is not well-formed.
     """
-    name = os.path.basename(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
         raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})") from err
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        actual = os.fstat(handle.fileno()).st_size
+    try:
+        actual = os.fstat(fd).st_size
         if actual != size:
             raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced.")
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        got = 0
-        while got < size:
-            n = handle.readinto(view[got:])
-            if not n:
-                raise CheckpointError(f"{path}: file ended after {got} of {size} bytes")
-            got += n
-    if xxhash.xxh3_64_hexdigest(view) != checksum:
+        if size == 0:
+            raise CheckpointError(f"{path}: empty file")
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    if xxhash.xxh3_64_hexdigest(buffer) != checksum:
         raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified")
     return parse(buffer, path)
 
@@ -130,7 +128,7 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
     return {"size": total, "xxh3": digest.hexdigest()}
 
 
-def parse(buffer: bytearray, name: str) -> Dict[str, np.ndarray]:
+def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
     """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation."""
     try:
         (length,) = struct.unpack_from("<Q", buffer, 0)
