@@ -269,6 +269,25 @@ class TorchBackend(Backend):
             placed.append(leaf.to(self._device, non_blocking=True) if isinstance(leaf, torch.Tensor) else leaf)
         return rebuild(placed)
 
+    can_guard_writes = True
+
+    def guard_writes(self, prepared: Any, wait: Any) -> Any:
+        """An async save writes straight from the live tensors; a prepared optimizer's next
+        ``step()`` and a prepared model's next forward (which may update buffers such as
+        BatchNorm statistics) wait until the files are written."""
+        handles = []
+        for kind, obj in prepared:
+            if kind == "optimizer":
+                handles.append(obj.register_step_pre_hook(lambda *_: wait()))
+            elif kind == "model":
+                handles.append(obj.register_forward_pre_hook(lambda *_: wait()))
+
+        def release() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return release
+
     def backward(self, loss: Any, **kwargs: Any) -> None:
         loss.backward(**kwargs)
 

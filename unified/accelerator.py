@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Any, Callable, Dict, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Backend, create_backend, resolve_backend_name
 from .collectives import Collectives
@@ -69,6 +69,7 @@ class Accelerator:
         self._checkpoints = CheckpointManager(self._backend, self._collectives, self.project_configuration)
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
+        self._prepared: List[Tuple[str, Any]] = []
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -271,6 +272,7 @@ class Accelerator:
                 "gradient scaler or data loader; register other stateful objects with register_for_checkpointing()."
             )
         kind, prepared = result
+        self._prepared.append((kind, prepared))
         backend = self._backend
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
                     lambda state: backend.load_state_into(kind, prepared, state))
@@ -333,11 +335,18 @@ class Accelerator:
             self.project_configuration.iteration += 1
         if not async_save:
             return manager.save(final, manager.safe_snapshot(iteration))
-        snapshot = manager.safe_snapshot(iteration, copy=True)
+        # Where the backend can hold back the next in-place update until the files are written
+        # (torch: hooks before a prepared optimizer's step and a prepared model's forward), the
+        # snapshot needs no copy of the framework arrays.
+        guarded = self._backend.can_guard_writes
+        snapshot = manager.safe_snapshot(iteration, copy=not guarded)
         if snapshot.sharded:  # Orbax's multi-process write is a collective: keep it in this thread
             return manager.save(final, snapshot)
         token, tmp = manager.begin(final)
-        self._async_save = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
+        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
+        if guarded:
+            pending.release = self._backend.guard_writes(self._prepared, pending.join)
+        self._async_save = pending
         return final
 
     def wait_for_checkpoint(self) -> None:
@@ -350,6 +359,7 @@ class Accelerator:
         pending, self._async_save = self._async_save, None
         if pending is None:
             return
+        pending.release()
         error: Optional[BaseException] = None
         try:
             pending.result()

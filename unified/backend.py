@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import BackendUnavailable
 
@@ -52,6 +52,8 @@ class Backend:
     # True when the framework never changes an array in place (JAX): an async save may then
     # write from views of the live arrays instead of copying them first.
     immutable_arrays: bool = False
+    # True when `guard_writes` can hold back in-place updates of prepared objects.
+    can_guard_writes: bool = False
 
     # -- identity -------------------------------------------------------------------------
     process_index: int = 0
@@ -111,6 +113,11 @@ class Backend:
     def export_array(self, value: Any) -> Tuple[str, Tuple[int, ...], Any]:
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
+        raise NotImplementedError
+
+    def guard_writes(self, prepared: Sequence[Tuple[str, Any]], wait: Callable[[], None]) -> Callable[[], None]:
+        """Make the next in-place update of the prepared ``(kind, object)`` pairs call ``wait``
+        first; return a function that removes the guard."""
         raise NotImplementedError
 
     def is_sharded(self, value: Any) -> bool:

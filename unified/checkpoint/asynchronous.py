@@ -17,6 +17,7 @@ class AsyncSave:
     def __init__(self, work: Callable[[], Any]) -> None:
         self._value: Any = None
         self._error: Optional[BaseException] = None
+        self.release: Callable[[], None] = lambda: None  # undoes any write guard (see Backend)
         self._thread = threading.Thread(target=self._run, args=(work,), name="unified-async-save", daemon=False)
         self._thread.start()
 
@@ -28,6 +29,10 @@ class AsyncSave:
 
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def join(self) -> None:
+        """Wait for the work to end, without raising its error (that is `result`'s job)."""
+        self._thread.join()
 
     def result(self) -> Any:
         self._thread.join()
