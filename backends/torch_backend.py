@@ -305,11 +305,30 @@ class TorchBackend(Backend):
         optimizer keeps the tensors it is given and updates them in place."""
         from unified.tree import flatten
 
+        if kind == "optimizer":
+            state = _into_existing_optimizer_state(obj, state)
         view = kind == "model"
         leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
         tensors = [_tensor_from_numpy(x if view else np.array(x)) if isinstance(x, np.ndarray) else x for x in leaves]
         target = self.unwrap_model(obj) if kind == "model" else obj
         target.load_state_dict(rebuild(tensors))
+
+
+def _into_existing_optimizer_state(optimizer: Any, state: Any) -> Any:
+    """Copy saved moments into the optimizer's existing tensors of the same shape and dtype (no
+    fresh allocation; ``load_state_dict`` then keeps those tensors), leaving the rest as is."""
+    live = optimizer.state_dict().get("state", {})
+    saved = state.get("state", {}) if isinstance(state, dict) else {}
+    for index, values in saved.items():
+        current = live.get(index, {})
+        for key, value in list(values.items()):
+            tensor = current.get(key)
+            if (isinstance(value, np.ndarray) and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+                    and tuple(tensor.shape) == value.shape and _SAFETENSORS_DTYPES.get(tensor.dtype) is not None
+                    and tensor.dtype != torch.bfloat16 and tensor.numpy().dtype == value.dtype):
+                tensor.copy_(_tensor_from_numpy(value))
+                values[key] = tensor
+    return state
 
 
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
