@@ -355,10 +355,11 @@ def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int
     if not isinstance(loader, DataLoader):
         return None
     if isinstance(loader.dataset, IterableDataset):
-        raise NotImplementedError(
-            "prepare() of a torch DataLoader over an IterableDataset is not supported yet; use a map-style "
-            "dataset (with __len__ and __getitem__) or unified.DataLoader."
-        )
+        from unified.data import PreparedIterableLoader
+
+        if loader.batch_size is None:
+            raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=.")
+        return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
     if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
         raise NotImplementedError(
             "prepare() supports torch DataLoaders built with batch_size= and shuffle=True/False; a custom "

@@ -52,7 +52,7 @@ class DataLoader:
         self.seed = seed
         self.drop_last = bool(drop_last)
         self.collate_fn = collate_fn or default_collate
-        self._single = PreparedDataLoader(self, _HostOnly(), seed)
+        self._single = _prepare(self, _HostOnly(), seed)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._single)
@@ -239,6 +239,16 @@ class ShuffledOrder:
         return np.asarray(self).tolist()
 
 
+class _IterableSkip:
+    """`skip_first_batches` over a stream without state: read and drop on the host."""
+
+    def __init__(self, loader: "PreparedIterableLoader", num_batches: int) -> None:
+        self.loader, self.num_batches = loader, num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.loader._run(skip_to=max(self.num_batches, self.loader.position))
+
+
 class _SkippedView:
     """What `skip_first_batches` returns: the rest of the current epoch from an absolute position."""
 
@@ -271,18 +281,101 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """
     if num_batches < 0:
         raise ValueError(f"Invalid num_batches: expected >= 0; received {num_batches}.")
+    if isinstance(dataloader, DataLoader):
+        dataloader = dataloader._single
+    if isinstance(dataloader, PreparedIterableLoader):
+        if dataloader.position >= num_batches:
+            return dataloader  # already there (restored by load_state): never skip twice
+        return _IterableSkip(dataloader, int(num_batches))
     if isinstance(dataloader, PreparedDataLoader):
         return _SkippedView(dataloader, int(num_batches))
-    if isinstance(dataloader, DataLoader):
-        return _SkippedView(dataloader._single, int(num_batches))
     raise TypeError(
         f"skip_first_batches expects a loader returned by accelerator.prepare() or a unified.DataLoader; "
         f"received {type(dataloader).__qualname__}."
     )
 
 
-def prepare_loader(obj: Any, backend: Any, seed: Optional[int]) -> Optional[PreparedDataLoader]:
-    """The prepared form of a `DataLoader` or a map-style ``torch.utils.data.DataLoader``; None otherwise."""
+def _is_iterable_dataset(dataset: Any) -> bool:
+    return not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"))
+
+
+def _prepare(source: Any, backend: Any, seed: Optional[int]) -> Any:
+    kind = PreparedIterableLoader if _is_iterable_dataset(source.dataset) else PreparedDataLoader
+    return kind(source, backend, seed)
+
+
+def prepare_loader(obj: Any, backend: Any, seed: Optional[int]) -> Optional[Any]:
+    """The prepared form of a `DataLoader` or a ``torch.utils.data.DataLoader``; None otherwise."""
     if isinstance(obj, DataLoader):
-        return PreparedDataLoader(obj, backend, obj.seed if obj.seed is not None else seed)
+        return _prepare(obj, backend, obj.seed if obj.seed is not None else seed)
     return backend.prepare_loader(obj, seed)
+
+
+class PreparedIterableLoader:
+    """The prepared form of a loader over iterable data (no ``__len__``/``__getitem__``).
+
+    Every process reads the same stream; global batch ``k`` is the stream's next ``B*P`` items
+    and process ``r`` keeps the ``r``-th ``B`` of them (an incomplete last global batch is
+    dropped). A dataset with ``state_dict`` / ``load_state_dict`` (torchdata's protocol) is
+    checkpointed through them, so a resume continues the stream without reading it again;
+    other streams are read from the start and the consumed batches dropped on the host, never
+    collated or moved to a device.
+    """
+
+    def __init__(self, source: Any, backend: Any, seed: Optional[int]) -> None:
+        self.dataset = source.dataset
+        self.batch_size = source.batch_size
+        self._collate = source.collate_fn
+        self._backend = backend
+        self.epoch = 0
+        self.position = 0  # global batches consumed in this epoch
+        self._stateful = callable(getattr(self.dataset, "state_dict", None)) and callable(
+            getattr(self.dataset, "load_state_dict", None))
+        self.items_read_to_skip = 0  # how many items the last iteration read only to drop them
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self._backend.num_processes
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._run(skip_to=self.position)
+
+    def _run(self, skip_to: int) -> Iterator[Any]:
+        g, b = self.global_batch_size, self.batch_size
+        mine = slice(self._backend.process_index * b, (self._backend.process_index + 1) * b)
+        stream = iter(self.dataset)
+        # A stateful dataset continues where it stands (the batches before are consumed); any
+        # other stream starts over, so the batches up to `skip_to` are read and dropped.
+        if not self._stateful:
+            self.position = 0
+        self.items_read_to_skip = 0
+        while True:
+            items = [item for _, item in zip(range(g), stream)]
+            if len(items) < g:
+                break
+            self.position += 1
+            if self.position <= skip_to:  # read and dropped on the host, never collated or placed
+                self.items_read_to_skip += g
+                continue
+            yield self._backend.place_batch(self._collate(items[mine]))
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.position = int(epoch), 0
+
+    def state_dict(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = {"epoch": self.epoch, "position": self.position,
+                                 "global_batch_size": self.global_batch_size, "iterable": True}
+        if self._stateful:
+            state["dataset"] = self.dataset.state_dict()
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state["global_batch_size"] != self.global_batch_size:
+            raise ValueError(
+                f"cannot resume an iterable stream saved with a global batch of {state['global_batch_size']} "
+                f"samples with {self.global_batch_size}; keep batch_size x num_processes the same"
+            )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self._stateful and "dataset" in state:
+            self.dataset.load_state_dict(state["dataset"])

@@ -438,3 +438,63 @@ def ckpt_sharded(state: dict) -> dict:
     mine = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
     return {"mine": mine, "sharding_kept": table.table.sharding == table.sharding,
             "listing": sorted(os.listdir(path))}
+
+
+class Stream:
+    """Iterable data (no __len__/__getitem__) of sample ids; counts the items it yields."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.reads = n, 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            yield {"x": np.array([i], dtype=np.int64)}
+
+
+class StatefulStream(Stream):
+    """torchdata's protocol: the position lives in the dataset and resumes without re-reading."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < self.n:
+            i, self.next = self.next, self.next + 1
+            self.reads += 1
+            yield {"x": np.array([i], dtype=np.int64)}
+        self.next = 0
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next = state["next"]
+
+
+def data_iterable(state: dict) -> dict:
+    acc = Accelerator(timeout=60)
+    plain = Stream(20)
+    loader = acc.prepare(unified.DataLoader(plain, batch_size=2))
+    epoch0 = [_rows(b) for b in loader]
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 2)]
+    read_to_skip = loader.items_read_to_skip
+    target = _shared(f"iter_ckpt_{acc.num_processes}")
+    stream = StatefulStream(20)
+    live = acc.prepare(unified.DataLoader(stream, batch_size=2))
+    first = []
+    for i, batch in enumerate(live):
+        first.append(_rows(batch))
+        if i == 1:
+            acc.save_state(target)
+            break
+    rest = [_rows(b) for b in live]
+    fresh = Accelerator(timeout=60)
+    _ = fresh.prepare(unified.DataLoader(Stream(20), batch_size=2))
+    again_stream = StatefulStream(20)
+    again = fresh.prepare(unified.DataLoader(again_stream, batch_size=2))
+    fresh.load_state(target)
+    resumed = [_rows(b) for b in fresh.skip_first_batches(again, 2)]
+    return {"epoch0": epoch0, "skipped": skipped, "read_to_skip": read_to_skip, "first": first, "rest": rest,
+            "resumed": resumed, "resumed_reads": again_stream.reads}

@@ -7,7 +7,7 @@ from ..conftest import BACKENDS
 from .harness import run_group
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = ["start", "data_epochs", "data_skip", "data_resume", "data_torch_workers"]
+SCENARIOS = ["start", "data_epochs", "data_skip", "data_resume", "data_torch_workers", "data_iterable"]
 
 
 @pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in (2, 3)], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -89,3 +89,17 @@ def test_resume_with_another_process_count_continues_at_the_same_sample(backend,
     assert all(r["position"] == 0 for r in rows)  # the epoch was finished by iterating it
     rest = [x for k in range(len(rows[0]["rest"])) for x in _global([r["rest"] for r in rows], k)]
     assert rest == order[12:]
+
+
+def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
+    rows = group.scenario("data_iterable")
+    g = 2 * group.size
+    full = 20 // g  # an incomplete last global batch is dropped
+    for r in rows:
+        assert len(r["epoch0"]) == full
+        assert r["skipped"] == r["epoch0"][2:]          # the next epoch, from batch 2
+        assert r["read_to_skip"] == 2 * g               # read and dropped on the host
+        assert r["resumed"] == r["rest"]                # continued from the dataset's own state
+        assert r["resumed_reads"] == len(r["rest"]) * g + (20 - full * g)  # nothing read twice
+    seen = sorted(x for r in rows for batch in r["epoch0"] for x in batch)
+    assert seen == list(range(full * g))                # every process its own share, once
