@@ -7,6 +7,7 @@ NumPy views into them.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import mmap
 import os
@@ -27,6 +28,7 @@ _DTYPES: Dict[str, str] = {
 }
 _BY_NUMPY = {v: k for k, v in _DTYPES.items()}
 _CHUNK = 64 << 20
+_PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over threads
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -72,15 +74,36 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     digest = xxhash.xxh3_64()
     prefix = struct.pack("<Q", len(blob)) + blob
     digest.update(prefix)
-    with open(path, "wb", buffering=0) as handle:
-        handle.write(prefix)
-        for _, _, raw in arrays.values():
-            view = memoryview(raw)
-            for start in range(0, len(view), _CHUNK):
-                chunk = view[start:start + _CHUNK]
+    chunks, position = [], len(prefix)
+    for _, _, raw in arrays.values():
+        view = memoryview(raw)
+        for start in range(0, len(view), _CHUNK):
+            chunks.append((position + start, view[start:start + _CHUNK]))
+        position += len(view)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, prefix, 0)
+        if position - len(prefix) < _PARALLEL_FROM:
+            for at, chunk in chunks:
                 digest.update(chunk)
-                handle.write(chunk)
-    return {"size": len(prefix) + offset, "xxh3": digest.hexdigest()}
+                _pwrite_all(fd, chunk, at)
+        else:  # xxhash and pwrite release the GIL: hash in order while two threads write
+            os.ftruncate(fd, position)
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                hashing = pool.submit(lambda: [digest.update(chunk) for _, chunk in chunks])
+                writes = [pool.submit(lambda part: [_pwrite_all(fd, c, at) for at, c in part], chunks[i::2])
+                          for i in range(2)]
+                for future in (hashing, *writes):
+                    future.result()
+    finally:
+        os.close(fd)
+    return {"size": position, "xxh3": digest.hexdigest()}
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
