@@ -380,7 +380,9 @@ def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None, generator=generator,
         ))
 
-    return PreparedDataLoader(source, backend, seed, batches=batches)
+    # A torch DataLoader already yields CPU tensors: on a CPU run there is nothing to place.
+    on_cpu = getattr(getattr(backend, "device", None), "type", None) == "cpu"
+    return PreparedDataLoader(source, backend, seed, batches=batches, place=(lambda b: b) if on_cpu else None)
 
 
 class _LoaderSettings:

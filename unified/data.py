@@ -79,7 +79,8 @@ class PreparedDataLoader:
     """
 
     def __init__(self, source: Any, backend: Any, seed: Optional[int], *,
-                 batches: Optional[Callable[[Iterator[List[int]], int], Iterator[Any]]] = None) -> None:
+                 batches: Optional[Callable[[Iterator[List[int]], int], Iterator[Any]]] = None,
+                 place: Optional[Callable[[Any], Any]] = None) -> None:
         self.source = source
         self.dataset = source.dataset
         self.batch_size = source.batch_size
@@ -87,6 +88,7 @@ class PreparedDataLoader:
         self.drop_last = source.drop_last
         self.seed = int(seed if seed is not None else (getattr(source, "seed", None) or 0))
         self._backend = backend
+        self._place = place or backend.place_batch
         # index lists -> batches; a torch DataLoader plugs in its own (worker processes)
         self._batches = batches or (lambda lists, epoch: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
         self.epoch = 0
@@ -136,7 +138,7 @@ class PreparedDataLoader:
         order = self.epoch_order(self.epoch)
         for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
             self.position += 1  # a checkpoint taken while this batch is in use resumes after it
-            yield self._backend.place_batch(batch)
+            yield self._place(batch)
         self.epoch, self.position = self.epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:
