@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError
+from unified.errors import BarrierTimeout, DistributedError, see
 
 _PREFIX = "unified/"
 # Processes create their Accelerators in the same order, so numbering the backends of one
@@ -35,8 +35,10 @@ def _cluster_detected() -> bool:
     try:
         from jax._src import clusters
 
+        # Opt-in types (mpi4py: "installed" is enough to be present) are never auto-detected by JAX.
         return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types
-                   if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster"))
+                   if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster")
+                   and not getattr(env, "opt_in_only_method", False))
     except Exception:  # private API: treat any change as "no cluster"
         return False
 
@@ -85,6 +87,19 @@ def _detach_runtime() -> None:
             setattr(global_state, name, None)
 
 
+class _KeyValueChannel:
+    """The watchdog's channel: keys under ``prefix`` in the coordination service."""
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self._client, self._prefix = client, prefix
+
+    def post(self, name: str, value: str) -> None:
+        self._client.key_value_set(self._prefix + name, value, allow_overwrite=True)
+
+    def read(self) -> Dict[str, str]:
+        return {key.rsplit(self._prefix, 1)[-1]: value for key, value in self._client.key_value_dir_get(self._prefix)}
+
+
 class JaxBackend(Backend):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
@@ -125,7 +140,7 @@ class JaxBackend(Backend):
             except RuntimeError as err:
                 raise DistributedError(
                     f"Could not join the JAX process group ({err}). Create the Accelerator before any "
-                    "JAX computation, and check that every process got the same coordinator address."
+                    "JAX computation, and check that every process got the same coordinator address." + see("jax-join-failed")
                 ) from err
             self._owns_runtime = True
             atexit.register(self.shutdown)  # runs before JAX's own exit hook (LIFO)
@@ -152,6 +167,9 @@ class JaxBackend(Backend):
     @property
     def device(self) -> Any:
         return jax.local_devices()[0]
+
+    def health_channel(self) -> Optional["_KeyValueChannel"]:
+        return _KeyValueChannel(self._client, f"{self._prefix}health/") if self._client is not None else None
 
     # -- control plane --------------------------------------------------------------------------
     def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> BarrierTimeout:
@@ -248,7 +266,7 @@ class JaxBackend(Backend):
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         if "jax_key_stream" not in state:
-            raise DistributedError("The checkpoint has no JAX key-stream state; refusing to resume without it.")
+            raise DistributedError("The checkpoint has no JAX key-stream state; refusing to resume without it." + see("rng-restore"))
         self._key_seed, self._key_counter = (int(v) for v in np.asarray(state["jax_key_stream"]))
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
@@ -369,7 +387,7 @@ def _host_copy(value: Any) -> np.ndarray:
         if not value.is_fully_replicated:
             raise TypeError(
                 "an array sharded across processes cannot be saved by one process yet; keep the state "
-                "replicated (accelerator.prepare does) or save it with Orbax"
+                "replicated (accelerator.prepare does) or save it with Orbax" + see("sharded-array")
             )
         value = value.addressable_shards[0].data
     return np.asarray(jax.device_get(value))

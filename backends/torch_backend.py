@@ -1,13 +1,16 @@
 """PyTorch primitives for `unified`: torch.distributed (gloo on CPU, NCCL on GPU)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
+import itertools
 import os
 import time
 import warnings
+import weakref
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -15,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError
+from unified.errors import BarrierTimeout, DistributedError, see
 
 # A wait that has not finished after this long publishes the process's arrival in the
 # rendezvous store, so that a timeout can name the processes that never arrived.
@@ -25,6 +28,26 @@ _DIAGNOSE_GRACE_S = 2.0
 # Busy polls of a collective before sleeping between polls, and the longest sleep.
 _SPIN_POLLS = 20000
 _MAX_SLEEP_S = 0.005
+
+
+class _StoreChannel:
+    """The watchdog's channel: keys in the rendezvous store (hosted by torchrun's agent)."""
+
+    _KINDS = ("alive", "failed", "bye")
+
+    def __init__(self, store: Any, size: int) -> None:
+        self._store, self._size = store, size
+
+    def post(self, name: str, value: str) -> None:
+        self._store.set(name, value)
+
+    def read(self) -> Dict[str, str]:
+        names = [f"{kind}/{rank}" for kind in self._KINDS for rank in range(self._size)]
+        present = [name for name in names if self._store.check([name])]  # get() would block on a missing key
+        return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
+
+
+_INSTANCES = itertools.count()
 
 
 class TorchBackend(Backend):
@@ -37,6 +60,7 @@ class TorchBackend(Backend):
         self._store: Optional[Any] = None
         self._owns_group = False
         self._broken = False
+        self._instance = next(_INSTANCES)  # keeps the store keys of two Accelerators apart
         self._device = torch.device("cpu")
         self.distributed_type = "NO"
 
@@ -75,6 +99,11 @@ class TorchBackend(Backend):
     @property
     def device(self) -> torch.device:
         return self._device
+
+    def health_channel(self) -> Optional["_StoreChannel"]:
+        if self._store is None:
+            return None
+        return _StoreChannel(dist.PrefixStore(f"health/{self._instance}/", self._store), self.num_processes)
 
     # -- timed waiting ----------------------------------------------------------------------------
     def _wait(self, work: Any, key: str, timeout: float) -> None:
@@ -215,14 +244,14 @@ class TorchBackend(Backend):
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         if "torch_cpu" not in state:
-            raise DistributedError("The checkpoint has no torch CPU RNG state; refusing to resume without it.")
+            raise DistributedError("The checkpoint has no torch CPU RNG state; refusing to resume without it." + see("rng-restore"))
         torch.set_rng_state(torch.from_numpy(np.array(state["torch_cpu"], dtype=np.uint8)))
         if torch.cuda.is_available():
             cuda = [state.get(f"torch_cuda_{i}") for i in range(torch.cuda.device_count())]
             if any(s is None for s in cuda):
                 raise DistributedError(
                     f"The checkpoint holds CUDA RNG states for {sum(s is not None for s in cuda)} GPU(s); "
-                    f"this process sees {torch.cuda.device_count()}."
+                    f"this process sees {torch.cuda.device_count()}." + see("rng-restore")
                 )
             torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s, dtype=np.uint8)) for s in cuda])
 
@@ -233,7 +262,7 @@ class TorchBackend(Backend):
             tensor = tensor.cpu()
         tensor = tensor.contiguous()
         if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors")
+            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors" + see("dtype-not-storable"))
         raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
         return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
 
@@ -244,7 +273,8 @@ class TorchBackend(Backend):
             if self.num_processes > 1 and not isinstance(obj, DDP):
                 has_grads = any(p.requires_grad for p in obj.parameters())
                 if has_grads:
-                    obj = DDP(obj, device_ids=[self._device] if self._device.type == "cuda" else None)
+                    obj = _DistributedModel(obj, device_ids=[self._device] if self._device.type == "cuda" else None)
+                    obj._unified_backend = weakref.ref(self)  # a weak reference: deepcopy-safe
             return "model", obj
         if isinstance(obj, torch.optim.Optimizer):
             return "optimizer", obj
@@ -289,7 +319,24 @@ class TorchBackend(Backend):
         return release
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
-        loss.backward(**kwargs)
+        with self.peer_errors("backward() (the gradient all-reduce)"):
+            loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def peer_errors(self, what: str) -> Iterator[None]:
+        """Turn a communication failure inside DDP's own collectives into a `DistributedError`."""
+        try:
+            yield
+        except RuntimeError as err:
+            if self.num_processes == 1 or isinstance(err, DistributedError) or not _is_communication_error(err):
+                raise
+            self._mark_broken()
+            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise DistributedError(
+                f"[process {self.process_index}/{self.num_processes}] {what} failed: a peer process died or "
+                f"disconnected (torch.distributed: {first_line}). Check the other processes' logs for an "
+                "earlier error." + see("distributederror")
+            ) from err
 
     def unwrap_model(self, model: Any) -> Any:
         while isinstance(model, DDP) or hasattr(model, "_orig_mod"):
@@ -312,6 +359,23 @@ class TorchBackend(Backend):
         tensors = [_tensor_from_numpy(x if view else np.array(x)) if isinstance(x, np.ndarray) else x for x in leaves]
         target = self.unwrap_model(obj) if kind == "model" else obj
         target.load_state_dict(rebuild(tensors))
+
+
+def _is_communication_error(err: RuntimeError) -> bool:
+    text = str(err)
+    return isinstance(err, dist.DistError) or any(
+        marker in text for marker in ("gloo", "NCCL", "Connection closed", "Connection reset", "Broken pipe"))
+
+
+class _DistributedModel(DDP):
+    """DDP whose forward (buffer broadcast) reports a lost peer as a `DistributedError`."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        backend = self._unified_backend()
+        if backend is None:
+            return super().forward(*args, **kwargs)
+        with backend.peer_errors("the model's forward (DDP's buffer broadcast)"):
+            return super().forward(*args, **kwargs)
 
 
 def _into_existing_optimizer_state(optimizer: Any, state: Any) -> Any:
@@ -358,12 +422,13 @@ def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int
         from unified.data import PreparedIterableLoader
 
         if loader.batch_size is None:
-            raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=.")
+            raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
+                                      + see("torch-iterable-dataset"))
         return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
     if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
         raise NotImplementedError(
             "prepare() supports torch DataLoaders built with batch_size= and shuffle=True/False; a custom "
-            f"sampler ({type(loader.sampler).__qualname__}) or batch_sampler is not supported yet."
+            f"sampler ({type(loader.sampler).__qualname__}) or batch_sampler is not supported yet." + see("torch-custom-sampler")
         )
     source = _LoaderSettings(loader, isinstance(loader.sampler, RandomSampler))
     loader_seed = int(seed or 0)

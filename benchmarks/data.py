@@ -261,7 +261,7 @@ def jax_worker(rounds: int, batches: int) -> None:
 
     from jax.sharding import NamedSharding, PartitionSpec
 
-    sharding = NamedSharding(acc._backend.mesh, PartitionSpec("data"))
+    sharding = NamedSharding(acc.mesh, PartitionSpec("data"))
 
     def loop(put):
         def run():

@@ -74,13 +74,12 @@ else:
     import jax.numpy as jnp
     import optax
     from flax import nnx
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding, PartitionSpec
 
     model = nnx.Linear(FEATURES, 1, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.sgd(args.lr), wrt=nnx.Param)
     model, optimizer = accelerator.prepare(model, optimizer)  # replicated on a "data" mesh
-    # The same mesh the backend replicates on (unified exposes no public `accelerator.mesh`).
-    rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+    rows = NamedSharding(accelerator.mesh, PartitionSpec("data"))  # the mesh the backend replicates on
     xg = jax.make_array_from_process_local_data(rows, x_local)  # global batch, local rows here
     yg = jax.make_array_from_process_local_data(rows, y_local)
 

@@ -101,7 +101,7 @@ else:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    ROWS_SHARDING = NamedSharding(accelerator._backend.mesh, PartitionSpec("data"))  # no public mesh yet
+    ROWS_SHARDING = NamedSharding(accelerator.mesh, PartitionSpec("data"))
 
     def _global_batch(local):
         """The global batch array from this process's rows (the JAX rule after `prepare`)."""

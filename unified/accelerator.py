@@ -13,8 +13,9 @@ from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays
 from .data import prepare_loader, skip_first_batches
-from .errors import CheckpointError, RegistrationError
+from .errors import CheckpointError, RegistrationError, see
 from .rng import set_seed
+from .watchdog import Watchdog
 
 __all__ = ["Accelerator"]
 
@@ -56,6 +57,7 @@ class Accelerator:
             self._backend = create_backend(resolve_backend_name(backend))
         self._backend.start(float(timeout))
         self._collectives = Collectives(self._backend, timeout)
+        self._watchdog = self._start_watchdog(float(timeout))
         self._trigger = False
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
@@ -64,6 +66,16 @@ class Accelerator:
         if seed is not None:
             set_seed(seed, backend=self._backend)
         self._init_state()
+
+    def _start_watchdog(self, timeout: float) -> Optional[Watchdog]:
+        """Tell every process when the group broke, and end the ones that cannot raise."""
+        channel = self._backend.health_channel() if self._backend.num_processes > 1 else None
+        if channel is None:
+            return None
+        watchdog = Watchdog(channel, self._backend.process_index, self._backend.num_processes, timeout)
+        watchdog.start()
+        self._collectives.on_broken = watchdog.report
+        return watchdog
 
     def _init_state(self) -> None:
         self._checkpoints = CheckpointManager(self._backend, self._collectives, self.project_configuration)
@@ -111,6 +123,29 @@ class Accelerator:
     def device(self) -> Any:
         """This process's device: a ``torch.device`` or a ``jax.Device``."""
         return self._backend.device
+
+    @property
+    def mesh(self) -> Any:
+        """The ``jax.sharding.Mesh`` over every device of the group, one axis named ``"data"``.
+
+        JAX backend only: it is the mesh `prepare` replicates models and optimizers on and
+        prepared loaders shard batches over, so shardings built on it match the backend's.
+
+        Raises:
+            NotImplementedError: on a backend without a mesh (torch).
+
+        Example:
+            >>> from jax.sharding import NamedSharding, PartitionSpec
+            >>> rows = NamedSharding(accelerator.mesh, PartitionSpec("data"))
+            >>> accelerator.mesh.axis_names
+            ('data',)
+        """
+        if getattr(type(self._backend), "mesh", None) is None:
+            raise NotImplementedError(
+                f"mesh is the JAX device mesh; the {self.backend!r} backend has none: torch places "
+                "data with accelerator.device and DistributedDataParallel" + see("mesh-torch")
+            )
+        return self._backend.mesh
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -270,6 +305,7 @@ class Accelerator:
                 f"prepare() argument {position} is a {type(obj).__module__}.{type(obj).__qualname__}, which the "
                 f"{self.backend!r} backend cannot prepare. Expected a model, optimizer, LR scheduler, "
                 "gradient scaler or data loader; register other stateful objects with register_for_checkpointing()."
+                + see("cannot-prepare")
             )
         kind, prepared = result
         self._prepared.append((kind, prepared))
@@ -300,7 +336,7 @@ class Accelerator:
         if bad:
             raise RegistrationError(
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
-                "The following inputs are invalid:\n" + "\n".join(bad)
+                "The following inputs are invalid:\n" + "\n".join(bad) + see("registration-error")
             )
         backend = self._backend
         for obj in objects:
@@ -366,11 +402,16 @@ class Accelerator:
         except BaseException as err:  # noqa: BLE001 - shared with the other processes below
             error = err
         # A collective after the join: the main process has committed when anyone returns, and
-        # a failure on any process fails the call everywhere.
-        if self._collectives.any_flag(error is not None, "wait_for_checkpoint") and error is None:
-            raise CheckpointError("a background save_state failed on another process; see its error")
+        # a failure on any process fails the call everywhere, with every process's reason.
+        mine = None if error is None else str(error) if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
+        reasons = self._collectives.all_gather_json(mine, "wait_for_checkpoint")
         if error is not None:
             raise error
+        failed = [(rank, reason) for rank, reason in enumerate(reasons) if reason]
+        if failed:  # the main process's reason already lists every process's report
+            rank, reason = failed[0]
+            raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
+                                  + see("background-save-failed"))
 
     def load_state(self, input_dir: Optional[str] = None, **load_kwargs: Any) -> str:
         """Restore everything `save_state` wrote, in place, on every process.
@@ -388,7 +429,8 @@ class Accelerator:
         """
         unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
         if unknown:
-            raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+            raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
+                            + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
         directory = self._checkpoints.resolve_load_dir(input_dir)
         self._checkpoints.load(directory)
@@ -418,7 +460,8 @@ class Accelerator:
         Example:
             >>> accelerator.backward(loss)
         """
-        self._backend.backward(loss, **kwargs)
+        with self._collectives.watched():
+            self._backend.backward(loss, **kwargs)
 
     def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
         """Write the model's weights as ``model.safetensors`` (main process only; not a collective,
@@ -453,6 +496,8 @@ class Accelerator:
         """
         self._finish_pending()
         self._collectives.barrier("end_training")
+        if self._watchdog is not None:
+            self._watchdog.close()
         self._backend.shutdown()
 
     def _finish_pending(self) -> None:
@@ -498,10 +543,10 @@ def _reject_unknown(kwargs: dict) -> None:
             raise TypeError(
                 f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, "
                 f"project_dir, project_config, seed, timeout, and Accelerate's "
-                f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values."
+                f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
             )
         if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:
             raise NotImplementedError(
                 f"Accelerator({name}={value!r}) is not supported by unified yet; remove the argument "
-                f"or pass one of {_NEUTRAL_ACCELERATE_KWARGS[name]!r}."
+                f"or pass one of {_NEUTRAL_ACCELERATE_KWARGS[name]!r}." + see("not-supported-yet")
             )

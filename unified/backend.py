@@ -16,7 +16,7 @@ import importlib.util
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, see
 
 __all__ = ["Backend", "available_backends", "resolve_backend_name", "create_backend"]
 
@@ -71,6 +71,12 @@ class Backend:
 
     def shutdown(self) -> None:
         """Leave the process group; must not hang when peers already left or died."""
+
+    def health_channel(self) -> Optional[Any]:
+        """A `unified.watchdog.HealthChannel` (non-blocking ``post(name, value)`` and ``read()``
+        shared by the group, e.g. the rendezvous key-value store) for the watchdog that tells
+        every process when the group broke; ``None`` to run without one."""
+        return None
 
     # -- control plane (small, timed) ---------------------------------------------------------
     def barrier(self, key: str, timeout: float) -> None:
@@ -152,13 +158,13 @@ class Backend:
     def backward(self, loss: Any, **kwargs: Any) -> None:
         raise NotImplementedError(
             f"backward() does not apply to the {self.name!r} backend: compute gradients inside your "
-            "train step (e.g. nnx.value_and_grad) and apply them with the optimizer."
+            "train step (e.g. nnx.value_and_grad) and apply them with the optimizer." + see("backward-jax")
         )
 
     def next_key(self) -> Any:
         raise NotImplementedError(
             f"next_key() is the JAX key stream; the {self.name!r} backend seeds its global generators "
-            "from Accelerator(seed=...) instead (use torch.Generator for explicit streams)."
+            "from Accelerator(seed=...) instead (use torch.Generator for explicit streams)." + see("next-key-torch")
         )
 
     # -- data --------------------------------------------------------------------------------------
@@ -219,7 +225,7 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
             if name not in _REGISTRY:
                 choices = ", ".join(repr(n) for n in _REGISTRY)
                 raise ValueError(
-                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}."
+                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}." + see("invalid-backend")
                 )
             return name
     installed = available_backends()
@@ -228,7 +234,7 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
     if not installed:
         raise BackendUnavailable(
             "No supported framework is installed. Install one: pip install 'unified[torch]' "
-            "or pip install 'unified[jax]'."
+            "or pip install 'unified[jax]'." + see("no-framework")
         )
     return DEFAULT_BACKEND
 
@@ -239,7 +245,7 @@ def create_backend(name: str) -> Backend:
     if not _installed(spec.framework):
         raise BackendUnavailable(
             f"The {name!r} backend needs {spec.framework}, which is not installed. "
-            f"Install it with: pip install 'unified[{spec.extra}]'"
+            f"Install it with: pip install 'unified[{spec.extra}]'" + see("backend-not-installed")
         )
     module_name, class_name = spec.target.split(":")
     return getattr(importlib.import_module(module_name), class_name)()

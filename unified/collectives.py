@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import numpy as np
 
 from .backend import Backend
-from .errors import DistributedError
+from .errors import DistributedError, see
 from .tree import flatten
 
 __all__ = ["Collectives"]
@@ -28,8 +28,19 @@ class Collectives:
         self.backend = backend
         self.timeout = float(timeout)
         if not self.timeout > 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}.")
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}." + see("invalid-timeout"))
         self._calls = 0
+        # Told about every DistributedError a backend primitive raised (the watchdog's report).
+        self.on_broken: Callable[[BaseException], None] = lambda error: None
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[None]:
+        """Run a backend primitive; a `DistributedError` from it means the group broke."""
+        try:
+            yield
+        except DistributedError as error:
+            self.on_broken(error)
+            raise
 
     def _key(self, operation: str) -> str:
         self._calls += 1
@@ -38,7 +49,7 @@ class Collectives:
     def _timeout(self, timeout: Optional[float]) -> float:
         value = self.timeout if timeout is None else float(timeout)
         if not value > 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {value!r}.")
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {value!r}." + see("invalid-timeout"))
         return value
 
     @property
@@ -50,20 +61,23 @@ class Collectives:
         if self.single:
             return
         seconds = self._timeout(timeout)
-        self.backend.barrier(self._key(operation), seconds)
+        with self.watched():
+            self.backend.barrier(self._key(operation), seconds)
 
     def any_flag(self, flag: bool, operation: str = "check_trigger", timeout: Optional[float] = None) -> bool:
         if self.single:
             return bool(flag)
         seconds = self._timeout(timeout)
-        return self.backend.any_flag(bool(flag), self._key(operation), seconds)
+        with self.watched():
+            return self.backend.any_flag(bool(flag), self._key(operation), seconds)
 
     def all_gather_json(self, value: Any, operation: str = "gather_object", timeout: Optional[float] = None) -> List[Any]:
         """Every process's JSON-serialisable ``value``, in process order (no pickle)."""
         data = json.dumps(value).encode()
         if self.single:  # the same JSON round trip as with several processes
             return [json.loads(data)]
-        parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
+        with self.watched():
+            parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
         return [json.loads(p.decode()) for p in parts]
 
     def broadcast_json(self, value: Any, src: int = 0, operation: str = "broadcast_object",
@@ -72,7 +86,8 @@ class Collectives:
         if self.single:
             return value
         data = json.dumps(value).encode() if self.backend.process_index == src else None
-        return json.loads(self.backend.broadcast_bytes(data, src, self._key(operation), self._timeout(timeout)))
+        with self.watched():
+            return json.loads(self.backend.broadcast_bytes(data, src, self._key(operation), self._timeout(timeout)))
 
     @contextlib.contextmanager
     def ordered(self, go_first: bool, operation: str) -> Iterator[None]:
@@ -89,6 +104,7 @@ class Collectives:
             if self.any_flag(False, f"{operation} (release)"):
                 raise DistributedError(
                     f"{operation}: a process that ran the body first raised an exception; see its log above."
+                    + see("main-first-first-raised")
                 )
         failed = False
         try:
@@ -99,13 +115,14 @@ class Collectives:
         finally:
             if go_first:
                 if self.any_flag(failed, f"{operation} (release)") and not failed:
-                    raise DistributedError(f"{operation}: another process raised an exception in its body.")
+                    raise DistributedError(f"{operation}: another process raised an exception in its body." + see("main-first-other-raised"))
                 if not failed and self.any_flag(False, f"{operation} (exit)"):
                     raise DistributedError(
                         f"{operation}: a process that ran the body after the main process raised an exception."
+                        + see("main-first-later-raised")
                     )
             elif self.any_flag(failed, f"{operation} (exit)") and not failed:
-                raise DistributedError(f"{operation}: another process raised an exception in its body.")
+                raise DistributedError(f"{operation}: another process raised an exception in its body." + see("main-first-other-raised"))
 
     # -- data plane ---------------------------------------------------------------------------
     def _leaves(self, tree: Any):
@@ -122,14 +139,16 @@ class Collectives:
         arrays, rebuild = self._leaves(tree)
         if self.single:
             return rebuild([a if a.ndim else a.reshape(1) for a in arrays])
-        return rebuild(self.backend.all_gather_arrays(arrays, self._key("gather"), self._timeout(timeout)))
+        with self.watched():
+            return rebuild(self.backend.all_gather_arrays(arrays, self._key("gather"), self._timeout(timeout)))
 
     def reduce(self, tree: Any, reduction: str = "sum", timeout: Optional[float] = None) -> Any:
         if reduction not in ("sum", "mean"):
-            raise ValueError(f"Invalid reduction: expected 'sum' or 'mean'; received {reduction!r}.")
+            raise ValueError(f"Invalid reduction: expected 'sum' or 'mean'; received {reduction!r}." + see("invalid-reduction"))
         arrays, rebuild = self._leaves(tree)
         if not self.single:
-            arrays = self.backend.all_reduce_arrays(arrays, "sum", self._key("reduce"), self._timeout(timeout))
+            with self.watched():
+                arrays = self.backend.all_reduce_arrays(arrays, "sum", self._key("reduce"), self._timeout(timeout))
         if reduction == "mean":
             arrays = [a / self.backend.num_processes for a in arrays]
         return rebuild(list(arrays))
@@ -137,9 +156,10 @@ class Collectives:
     def broadcast(self, tree: Any, src: int = 0, timeout: Optional[float] = None) -> Any:
         if not 0 <= src < self.backend.num_processes:
             raise ValueError(
-                f"Invalid from_process: expected 0..{self.backend.num_processes - 1}; received {src}."
+                f"Invalid from_process: expected 0..{self.backend.num_processes - 1}; received {src}." + see("invalid-from-process")
             )
         arrays, rebuild = self._leaves(tree)
         if self.single:
             return rebuild(arrays)
-        return rebuild(self.backend.broadcast_arrays(arrays, src, self._key("broadcast"), self._timeout(timeout)))
+        with self.watched():
+            return rebuild(self.backend.broadcast_arrays(arrays, src, self._key("broadcast"), self._timeout(timeout)))

@@ -6,6 +6,8 @@ import enum
 import os
 from typing import Optional
 
+from .errors import see
+
 __all__ = ["ProjectConfiguration", "DistributedType"]
 
 
@@ -59,7 +61,8 @@ class ProjectConfiguration:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and self.total_limit < 1:
-            raise ValueError(f"Invalid total_limit: expected an integer >= 1 or None; received {self.total_limit!r}.")
+            raise ValueError(f"Invalid total_limit: expected an integer >= 1 or None; received {self.total_limit!r}."
+                             + see("invalid-total-limit"))
 
     def set_directories(self, project_dir: Optional[str] = None) -> None:
         """Set ``project_dir`` (and ``logging_dir`` when unset), as Accelerate does."""

@@ -16,6 +16,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from .errors import see
+
 __all__ = ["DataLoader", "PreparedDataLoader", "skip_first_batches", "prepare_loader", "default_collate"]
 
 
@@ -45,7 +47,7 @@ class DataLoader:
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
                  drop_last: bool = False, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
         if batch_size < 1:
-            raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}.")
+            raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}." + see("invalid-batch-size"))
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -282,7 +284,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         ...     ...
     """
     if num_batches < 0:
-        raise ValueError(f"Invalid num_batches: expected >= 0; received {num_batches}.")
+        raise ValueError(f"Invalid num_batches: expected >= 0; received {num_batches}." + see("invalid-num-batches"))
     if isinstance(dataloader, DataLoader):
         dataloader = dataloader._single
     if isinstance(dataloader, PreparedIterableLoader):
@@ -293,7 +295,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         return _SkippedView(dataloader, int(num_batches))
     raise TypeError(
         f"skip_first_batches expects a loader returned by accelerator.prepare() or a unified.DataLoader; "
-        f"received {type(dataloader).__qualname__}."
+        f"received {type(dataloader).__qualname__}." + see("skip-wrong-loader")
     )
 
 

@@ -12,7 +12,31 @@ __all__ = [
     "BarrierTimeout",
     "CheckpointError",
     "BackendUnavailable",
+    "TROUBLESHOOTING",
+    "see",
 ]
+
+TROUBLESHOOTING = "docs/troubleshooting.md"
+
+
+def see(anchor: str) -> str:
+    """The sentence appended to an error message that points to its troubleshooting section.
+
+    Every message `unified` raises ends with it, so that a user can go from the message to the
+    section of ``docs/troubleshooting.md`` that explains its causes and fixes.
+
+    Args:
+        anchor: the ``<a id="...">`` of the message's section in ``docs/troubleshooting.md``.
+
+    Returns:
+        ``" See docs/troubleshooting.md#<anchor>"``, with its leading space.
+
+    Example:
+        >>> see("barrier-timeout")
+        ' See docs/troubleshooting.md#barrier-timeout'
+        >>> raise ValueError("Invalid reduction: ..." + see("invalid-reduction"))  # doctest: +SKIP
+    """
+    return f" See {TROUBLESHOOTING}#{anchor}"
 
 
 class UnifiedError(Exception):
@@ -65,7 +89,7 @@ class BarrierTimeout(DistributedError, TimeoutError):
         )
         if detail:
             message += f" ({detail})"
-        super().__init__(message)
+        super().__init__(message + see("barrier-timeout"))
 
 
 class CheckpointError(UnifiedError, ValueError):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .backend import backend_names, backend_spec, resolve_backend_name
+from .errors import see
 
 __all__ = ["build_parser", "launch", "main"]
 
@@ -65,14 +66,14 @@ def free_port() -> int:
 
 def _validate(args: argparse.Namespace) -> None:
     if args.num_processes < 1:
-        raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}.")
+        raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}." + see("launch-num-processes"))
     if args.num_machines < 1 or not 0 <= args.machine_rank < args.num_machines:
         raise SystemExit(
             f"unified launch: expected 0 <= --machine-rank < --num-machines; received "
-            f"--machine-rank {args.machine_rank} with --num-machines {args.num_machines}."
+            f"--machine-rank {args.machine_rank} with --num-machines {args.num_machines}." + see("launch-machine-rank")
         )
     if not os.path.exists(args.script):
-        raise SystemExit(f"unified launch: script not found: {args.script!r}.")
+        raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
 
 
 def _base_env(backend: str) -> Dict[str, str]:
@@ -210,7 +211,7 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
     for pump in pumps:
         pump.join(timeout=5)
     if code:
-        sys.stderr.write(f"unified launch: a process failed (exit code {code}); stopped the others.\n")
+        sys.stderr.write(f"unified launch: a process failed (exit code {code}); stopped the others.{see('launch-process-failed')}\n")
     return code
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Tuple
 
+from .errors import see
+
 Rebuild = Callable[[List[Any]], Any]
 
 
@@ -38,7 +40,7 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool]) -> Tuple[List[Any], Rebui
             kind = type(node)
             return lambda values: kind(p(values) for p in parts)
         raise TypeError(
-            f"Expected a framework array or a dict/list/tuple of them; received {type(node).__name__}."
+            f"Expected a framework array or a dict/list/tuple of them; received {type(node).__name__}." + see("unsupported-leaf")
         )
 
     rebuild = walk(tree)

@@ -19,6 +19,9 @@ from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
+# torchrun's agent hosts the TCPStore that the workers join (TORCHELASTIC_USE_AGENT_STORE=True).
+TORCH_STORE_HOST = ("import time, torch.distributed as d; "
+                    "s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); time.sleep(1e9)")
 
 
 def free_port() -> int:
@@ -33,9 +36,10 @@ def group_env(backend: str, rank: int, size: int, port: int, local_rank: int, lo
     env.update(PYTHONUNBUFFERED="1", UNIFIED_BACKEND=backend, PYTHONPATH=str(ROOT))
     if size == 1:
         return env
-    if backend == "torch":
+    if backend == "torch":  # as torchrun: the store is hosted outside the workers (TORCH_STORE_HOST)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
-                   LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size), OMP_NUM_THREADS="1")
+                   LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size), OMP_NUM_THREADS="1",
+                   TORCHELASTIC_USE_AGENT_STORE="True")
     else:
         env.update(UNIFIED_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", UNIFIED_COORDINATOR_HOSTED="1",
                    UNIFIED_NUM_PROCESSES=str(size),
@@ -86,8 +90,10 @@ def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path,
     port = free_port()
     procs, logs = [], []
     service = None
-    if backend == "jax" and size > 1:  # as `unified launch` does: the service outlives every worker
-        service = subprocess.Popen([sys.executable, "-m", "backends.jax_coordinator", f"127.0.0.1:{port}", str(size)],
+    if size > 1:  # as `unified launch` / torchrun do: the rendezvous service outlives every worker
+        command = (TORCH_STORE_HOST.format(port=port) if backend == "torch"
+                   else f"from backends.jax_coordinator import serve; serve('127.0.0.1:{port}', {size})")
+        service = subprocess.Popen([sys.executable, "-c", command],
                                    env=group_env(backend, 0, 1, port, 0, 1), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(ROOT))
     rank = 0

@@ -118,7 +118,8 @@ def dead_at_barrier(state: dict) -> dict:
 
 
 def stuck_at_barrier(state: dict) -> dict:
-    """The last process is alive but never arrives; the others time out naming it."""
+    """The last process is alive but never arrives; the others time out naming it, and the
+    watchdog then ends it with their reason (its sleep never finishes)."""
     acc = state["acc"]
     if acc.is_last_process:
         time.sleep(8)
@@ -413,7 +414,7 @@ class ShardedTable:
         import jax
         from jax.sharding import NamedSharding, PartitionSpec
 
-        self.sharding = NamedSharding(acc._backend.mesh, PartitionSpec("data"))
+        self.sharding = NamedSharding(acc.mesh, PartitionSpec("data"))
         rows = np.full((2, 3), fill + acc.process_index, dtype=np.float32)
         self.table = jax.make_array_from_process_local_data(self.sharding, rows)
 

@@ -101,7 +101,10 @@ def test_lost_process_gives_survivors_barrier_timeout(group):
     for i, r in zip(survivors, rows):
         assert group.returncodes[i] == 0, group.show_logs()
         assert group.exit_times[i] is not None and group.exit_times[i] - r["exit_at"] < 10, group.show_logs()
-    if name == "stuck_at_barrier":  # the stuck process itself ends normally later, no abort
-        assert group.returncodes[-1] == 0, group.show_logs()
+    if name == "stuck_at_barrier":  # the watchdog tells the stuck process and ends it, with the reason
+        assert group.returncodes[-1] == 1, group.show_logs()
+        assert "unified: the process group broke - process 0 failed: BarrierTimeout" in group.logs[-1], group.show_logs()
+        assert "stuck" not in group.results[-1].get(name, {}), "the stuck process should not have finished its sleep"
+        assert group.exit_times[-1] - min(r["exit_at"] for r in rows) < 5, group.show_logs()
     else:
         assert group.returncodes[-1] == -9

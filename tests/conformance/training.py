@@ -103,7 +103,7 @@ class JaxTraining:
         from jax.sharding import NamedSharding, PartitionSpec
 
         local = np.asarray(self.jax.random.normal(self.acc.next_key(), (4, 6))) * _host_noise()
-        sharding = NamedSharding(self.acc._backend.mesh, PartitionSpec("data"))
+        sharding = NamedSharding(self.acc.mesh, PartitionSpec("data"))
         x = self.jax.make_array_from_process_local_data(sharding, local.astype(np.float32))  # the global batch
         loss = self.train_step(self.model, self.optimizer, x)
         self.counter.steps += 1

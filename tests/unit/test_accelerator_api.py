@@ -53,6 +53,36 @@ def test_identity_single_process():
     assert acc.distributed_type is DistributedType.NO
 
 
+def test_mesh_is_jax_only_on_the_memory_backend():
+    acc = MemoryGroup(1).accelerator(0)
+    with pytest.raises(NotImplementedError, match="JAX device mesh; the 'memory' backend has none"):
+        acc.mesh
+
+
+def test_mesh_is_jax_only_on_torch(monkeypatch):
+    pytest.importorskip("torch")
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    acc = Accelerator(backend="torch")
+    with pytest.raises(NotImplementedError, match=r"JAX device mesh; the 'torch' backend has none.*accelerator\.device"):
+        acc.mesh
+
+
+def test_mesh_on_jax_is_the_backends_data_mesh(monkeypatch):
+    jax = pytest.importorskip("jax")
+    from backends.jax_backend import _cluster_detected
+
+    if _cluster_detected():
+        pytest.skip("a cluster environment (e.g. SLURM) would make this Accelerator join a group")
+    monkeypatch.delenv("UNIFIED_COORDINATOR_ADDRESS", raising=False)
+    acc = Accelerator(backend="jax")
+    mesh = acc.mesh
+    assert isinstance(mesh, jax.sharding.Mesh)
+    assert mesh.axis_names == ("data",)
+    assert list(mesh.devices.flat) == jax.devices()
+    assert acc.mesh is mesh is acc._backend.mesh  # built once, the one prepare and loaders use
+
+
 def test_project_dir_argument_sets_project_and_logging_dir(tmp_path):
     acc = MemoryGroup(1).accelerator(0, project_dir=tmp_path)
     assert acc.project_dir == str(tmp_path) and isinstance(acc.project_dir, str)

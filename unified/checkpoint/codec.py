@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Collection, Dict, Tuple
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, see
 
 _KEY_TYPES = (str, int, float, bool, type(None))
 
@@ -63,8 +63,10 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
     return walk(tree, prefix), arrays
 
 
-def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any], Any]) -> Any:
-    """Rebuild what `encode` took apart; ``to_framework`` converts the framework arrays."""
+def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any], Any],
+           ready: Collection[str] = ()) -> Any:
+    """Rebuild what `encode` took apart; ``to_framework`` converts the framework arrays, except
+    those named in ``ready`` (already framework arrays, e.g. restored sharded)."""
 
     def walk(node: Any) -> Any:
         if isinstance(node, list):
@@ -74,8 +76,8 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
         if "__array__" in node:
             name = node["__array__"]
             if name not in arrays:
-                raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds")
-            return to_framework(arrays[name]) if node.get("kind") == "framework" else arrays[name]
+                raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds" + see("missing-array"))
+            return to_framework(arrays[name]) if node.get("kind") == "framework" and name not in ready else arrays[name]
         if "__numpy_scalar__" in node:
             return np.dtype(node["__numpy_scalar__"]).type(node["value"])
         if "__float__" in node:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, see
 from ..rng import capture_host_rng, restore_host_rng
 from . import codec, layout, safetensors_io
 from .manifest import check_file_name, read_manifest, write_manifest
@@ -45,7 +45,7 @@ def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
     if errors:
         raise CheckpointError(
             f"save_state({final!r}) failed and was not committed; the previous checkpoint is intact. "
-            f"{'; '.join(errors)}"
+            f"{'; '.join(errors)}" + see("save-failed")
         )
 
 
@@ -106,7 +106,7 @@ class CheckpointManager:
             try:
                 structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
             except TypeError as err:
-                raise CheckpointError(f"cannot save {entry.name}: {err}") from err
+                raise CheckpointError(f"cannot save {entry.name}: {err}" + see("cannot-save")) from err
             whole = {}
             for name, value in arrays.items():
                 if self.backend.is_sharded(value):  # every process holds a part: all write
@@ -129,9 +129,10 @@ class CheckpointManager:
         config = self.config
         if config.automatic_checkpoint_naming:
             if config.project_dir is None:
-                raise ValueError("automatic_checkpoint_naming needs ProjectConfiguration(project_dir=...).")
+                raise ValueError("automatic_checkpoint_naming needs ProjectConfiguration(project_dir=...)."
+                                 + see("auto-naming-needs-project-dir"))
             if output_dir is not None:
-                raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir.")
+                raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
             highest = layout.highest_number(folder)
             if highest is not None and config.iteration <= highest:
@@ -141,7 +142,7 @@ class CheckpointManager:
         if target is None:
             raise ValueError(
                 "save_state() needs a directory: pass output_dir, or set project_dir, or enable "
-                "ProjectConfiguration(automatic_checkpoint_naming=True)."
+                "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
         target = os.fspath(target)
         foreign = layout.foreign_entries(target)
@@ -149,6 +150,7 @@ class CheckpointManager:
             raise CheckpointError(
                 f"{target}: refusing to save here: the directory holds {', '.join(foreign[:5])}, which no checkpoint "
                 "wrote, and saving replaces the directory whole. Pass another output_dir or use automatic naming."
+                + see("refusing-to-save-here")
             )
         return target
 
@@ -162,7 +164,8 @@ class CheckpointManager:
         if self.collectives.any_flag(failure is not None, "save_state (snapshot)"):
             if failure is not None:
                 raise failure
-            raise CheckpointError("save_state failed on another process before writing anything; see its error")
+            raise CheckpointError("save_state failed on another process before writing anything; see its error"
+                                  + see("save-failed-before-writing"))
         return snap
 
     def begin(self, final: str) -> Tuple[str, str]:
@@ -206,6 +209,7 @@ class CheckpointManager:
             with open(marker + ".partial", "w") as handle:
                 json.dump(report, handle)
             os.replace(marker + ".partial", marker)
+            _raise_reported(final, [report])  # the main process will not commit; say why here too
             return final
         reports = [report] + [self._wait_marker(os.path.join(tmp, f"part_{r}.json")) for r in range(1, count)]
         self._commit(final, tmp, token, reports, snap.iteration)
@@ -258,11 +262,12 @@ class CheckpointManager:
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
             found = layout.numbered_checkpoints(folder)
             if not found:
-                raise CheckpointError(f"{folder}: no complete checkpoint to load")
+                raise CheckpointError(f"{folder}: no complete checkpoint to load" + see("no-complete-checkpoint"))
             return found[-1][1]
         if config.project_dir is not None and os.path.isfile(os.path.join(config.project_dir, "manifest.json")):
             return config.project_dir
-        raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) with project_dir.")
+        raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) with project_dir."
+                         + see("load-needs-directory"))
 
     def load(self, directory: str) -> Dict[str, Any]:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
@@ -277,53 +282,51 @@ class CheckpointManager:
             raise failure
         others = [f"process {rank}: {e}" for rank, e in enumerate(errors) if e]
         if others:
-            raise CheckpointError(f"{directory}: cannot be loaded; " + "; ".join(others))
+            raise CheckpointError(f"{directory}: cannot be loaded; " + "; ".join(others) + see("another-process-could-not-load"))
         if manifest.get("sharded"):
-            states = self._with_sharded(directory, manifest)
+            states = self._with_sharded(directory, manifest, states)
         for entry in self.entries:
             try:
                 entry.set_state(states[entry.name])
             except (KeyError, ValueError, RuntimeError, TypeError) as err:
-                raise CheckpointError(f"{os.path.join(directory, entry.name + '.safetensors')}: cannot restore {entry.name}: {err}") from err
+                raise CheckpointError(f"{os.path.join(directory, entry.name + '.safetensors')}: cannot restore {entry.name}: {err}"
+                                      + see("cannot-restore")) from err
         self._restore_rng(rng, manifest)
         if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
             highest = layout.highest_number(os.path.join(self.config.project_dir, layout.CHECKPOINTS))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
 
-    def _with_sharded(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Any]:
-        """Decode every object again with its sharded arrays restored through the backend
-        (a collective), placed like the arrays the objects hold now."""
+    def _with_sharded(self, directory: str, manifest: Dict[str, Any], files: Dict[str, Any]) -> Dict[str, Any]:
+        """Decode every object from its verified ``files`` plus its sharded arrays, restored
+        through the backend (a collective) and placed like the arrays the objects hold now."""
         current: Dict[str, Any] = {}
         for entry in self.entries:
             current.update(codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
         names = manifest["sharded"]
         missing = [n for n in names.values() if n not in current]
         if missing:
-            raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects")
+            raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects"
+                                  + see("sharded-no-counterpart"))
         restored = self.backend.load_sharded(os.path.join(directory, SHARDED_DIR), {k: current[n] for k, n in names.items()})
         by_name = {names[k]: v for k, v in restored.items()}
-        states = {}
-        for entry in self.entries:
-            arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
-            states[entry.name] = self._decode(entry, manifest["structures"][entry.name], arrays, by_name)
-        return states
+        return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
+                for entry in self.entries}
 
     def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
-        """An entry's state from its arrays: views for managed objects, writable copies otherwise."""
+        """An entry's state from its arrays: views for managed objects, writable copies otherwise;
+        ``restored`` arrays (sharded, already placed by the backend) are used as they are."""
         if not entry.managed:
             arrays = {k: np.array(v) for k, v in arrays.items()}
         convert = (lambda a: a) if entry.managed else self.backend.from_numpy
-        if restored:  # arrays restored in place by the backend (sharded) are used as they are
-            arrays = {**arrays, **restored}
-            plain = convert
-            convert = lambda a: a if any(a is r for r in restored.values()) else plain(a)  # noqa: E731
-        return codec.decode(structure, arrays, convert)
+        restored = restored or {}
+        return codec.decode(structure, {**arrays, **restored}, convert, ready=restored.keys())
 
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
         info = manifest["files"].get(name)
         if info is None:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run")
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run"
+                                  + see("lists-no-file"))
         return safetensors_io.read(check_file_name(directory, name), info["size"], info["xxh3"])
 
     def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any]]:
@@ -332,26 +335,24 @@ class CheckpointManager:
         if manifest.get("backend") != self.backend.name:
             raise CheckpointError(
                 f"{where}: written by the {manifest.get('backend')!r} backend; this run uses {self.backend.name!r}. "
-                "Load it with the backend that wrote it."
+                "Load it with the backend that wrote it." + see("wrong-backend")
             )
         saved = manifest.get("objects", [])
         mine = [e.name for e in self.entries]
         if saved != mine:
             raise CheckpointError(
                 f"{where}: holds objects {saved}; this run prepared/registered {mine}. Prepare and register "
-                "the same objects in the same order as the run that saved it."
+                "the same objects in the same order as the run that saved it." + see("objects-differ")
             )
         structures = manifest.get("structures")
         missing = [e.name for e in self.entries if not isinstance(structures, dict) or e.name not in structures]
         if missing:
-            raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}")
-        states = {}
-        sharded = set(manifest.get("sharded", {}).values())
+            raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}" + see("no-structure"))
+        states = {}  # without sharded arrays: decoded states; with them: the verified files (see _with_sharded)
+        sharded = bool(manifest.get("sharded"))
         for entry in self.entries:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
-            if sharded:  # decoded again after the collective restore (see _with_sharded)
-                continue
-            states[entry.name] = self._decode(entry, structures[entry.name], arrays)
+            states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
         for name, info in manifest["files"].items():
             if name.startswith(SHARDED_DIR + "/"):
                 verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
@@ -360,7 +361,8 @@ class CheckpointManager:
         if manifest.get("num_processes") == self.backend.num_processes:
             name = f"rng_{rank}"
             if name not in structures:
-                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it")
+                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it"
+                                      + see("no-rng-state"))
             rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
         return manifest, states, rng
 
@@ -379,6 +381,7 @@ class CheckpointManager:
             warnings.warn(
                 f"Checkpoint saved by {manifest.get('num_processes')} processes, loaded by "
                 f"{self.backend.num_processes}: parameters, optimizer and registered objects were restored; "
-                "the random generators were re-derived from (iteration, process index) instead of restored.",
+                "the random generators were re-derived from (iteration, process index) instead of restored."
+                + see("rng-rederived"),
                 stacklevel=3,
             )

@@ -12,7 +12,7 @@ from typing import Any, Dict
 
 import xxhash
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, see
 
 FORMAT = "unified-checkpoint"
 FORMAT_VERSION = 1
@@ -41,10 +41,11 @@ def check_file_name(directory: str, name: str) -> str:
     the checkpoint), refusing anything that could leave ``directory``."""
     parts = name.split("/") if isinstance(name, str) else [None]
     if not all(isinstance(p, str) and _SAFE_NAME.match(p) and p not in (".", "..") for p in parts):
-        raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: refusing file name {name!r} (only plain names inside the checkpoint are allowed)")
+        raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: refusing file name {name!r} (only plain names inside the checkpoint are allowed)"
+                              + see("refusing-file-name"))
     path = os.path.join(directory, *parts)
     if any(os.path.islink(os.path.join(directory, *parts[:i])) for i in range(1, len(parts))):
-        raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it")
+        raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it" + see("link-inside-checkpoint"))
     return path
 
 
@@ -52,38 +53,40 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     """Read and validate ``manifest.json``; raise `CheckpointError` naming the problem."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
-        raise CheckpointError(f"{directory}: no such checkpoint directory")
+        raise CheckpointError(f"{directory}: no such checkpoint directory" + see("no-such-directory"))
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
         raise CheckpointError(
             f"{path}: missing or unreadable ({err.strerror}); this directory is not a complete checkpoint"
+            + see("manifest-missing")
         ) from err
     with os.fdopen(fd, "rb") as handle:
         raw = handle.read(MAX_MANIFEST_BYTES + 1)
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it")
+        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it" + see("manifest-too-large"))
     try:
         document = json.loads(raw)
         body = {k: v for k, v in document.items() if k != "manifest_xxh3"}
         stated = document["manifest_xxh3"]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{path}: not a valid manifest ({err})") from err
+        raise CheckpointError(f"{path}: not a valid manifest ({err})" + see("manifest-invalid")) from err
     if body.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {body.get('format')!r})")
+        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {body.get('format')!r})" + see("manifest-format"))
     if body.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{path}: format version {body.get('format_version')!r}; this unified reads version {FORMAT_VERSION}. "
-            "Upgrade unified to load it."
+            "Upgrade unified to load it." + see("manifest-version")
         )
     if stated != _digest(body):
-        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)")
+        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)" + see("manifest-modified"))
     files = body.get("files")
     if not isinstance(files, dict):
-        raise CheckpointError(f"{path}: 'files' must be a mapping")
+        raise CheckpointError(f"{path}: 'files' must be a mapping" + see("manifest-files"))
     for name, info in files.items():
         check_file_name(directory, name)
         if not (isinstance(info, dict) and isinstance(info.get("size"), int) and info["size"] >= 0
                 and isinstance(info.get("xxh3"), str)):
-            raise CheckpointError(f"{path}: entry for {name!r} needs a non-negative 'size' and an 'xxh3' checksum")
+            raise CheckpointError(f"{path}: entry for {name!r} needs a non-negative 'size' and an 'xxh3' checksum"
+                                  + see("manifest-files"))
     return body

@@ -17,7 +17,7 @@ from typing import Any, Dict, Mapping, Tuple
 import numpy as np
 import xxhash
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, see
 
 # safetensors dtype names <-> NumPy dtypes (bfloat16 and float8 come from ml_dtypes when present)
 _DTYPES: Dict[str, str] = {
@@ -33,7 +33,7 @@ _PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over thr
 
 def numpy_dtype(name: str) -> np.dtype:
     if name not in _DTYPES:
-        raise CheckpointError(f"unknown safetensors dtype {name!r}")
+        raise CheckpointError(f"unknown safetensors dtype {name!r}" + see("invalid-safetensors"))
     try:
         return np.dtype(_DTYPES[name])
     except TypeError:
@@ -45,7 +45,7 @@ def numpy_dtype(name: str) -> np.dtype:
 def safetensors_dtype(dtype: np.dtype) -> str:
     name = np.dtype(dtype).name
     if name not in _BY_NUMPY:
-        raise TypeError(f"arrays of dtype {name} cannot be stored in safetensors")
+        raise TypeError(f"arrays of dtype {name} cannot be stored in safetensors" + see("dtype-not-storable"))
     return _BY_NUMPY[name]
 
 
@@ -116,18 +116,19 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})") from err
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
     try:
         actual = os.fstat(fd).st_size
         if actual != size:
-            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced.")
+            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
+                                  + see("size-mismatch"))
         if size == 0:
-            raise CheckpointError(f"{path}: empty file")
+            raise CheckpointError(f"{path}: empty file" + see("empty-file"))
         buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
     if xxhash.xxh3_64_hexdigest(buffer) != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified")
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified" + see("checksum-mismatch"))
     return parse(buffer, path)
 
 
@@ -137,17 +138,18 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})") from err
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
     digest, total = xxhash.xxh3_64(), 0
     with os.fdopen(fd, "rb", buffering=0) as handle:
         actual = os.fstat(handle.fileno()).st_size
         if size is not None and actual != size:
-            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced.")
+            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
+                                  + see("size-mismatch"))
         for chunk in iter(lambda: handle.read(_CHUNK), b""):
             digest.update(chunk)
             total += len(chunk)
     if checksum is not None and digest.hexdigest() != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified")
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified" + see("checksum-mismatch"))
     return {"size": total, "xxh3": digest.hexdigest()}
 
 
@@ -173,4 +175,4 @@ def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
     except CheckpointError:
         raise
     except (ValueError, KeyError, TypeError, struct.error) as err:
-        raise CheckpointError(f"{name}: not a valid safetensors file ({err})") from err
+        raise CheckpointError(f"{name}: not a valid safetensors file ({err})" + see("invalid-safetensors")) from err

@@ -1,0 +1,330 @@
+"""Scenario functions of the fault benchmark (`benchmarks/faults.py`), run by the conformance worker
+(`tests/conformance/worker.py`, with UNIFIED_TEST_SCENARIOS="fault_scenarios,scenarios").
+
+Same shape as ``tests/conformance/scenarios.py``: each takes the per-process ``state`` dict and
+returns JSON-serialisable observations; the parent (`faults.py`) judges them. Each trial's
+random choices are made by the parent and passed in ``FAULT_*`` environment variables, so a
+trial is reproducible from the parent's ``--seed``. Expected failures are caught and reported
+here (type, message, time); anything else reaches the worker as an unexpected error.
+"""
+from __future__ import annotations
+
+import builtins
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import time
+import traceback
+import warnings
+import zlib
+from contextlib import contextmanager
+
+import numpy as np
+
+import unified
+from unified import Accelerator
+
+import scenarios  # tests/conformance/scenarios.py (the worker puts its folder on sys.path)
+
+
+def _shared(*parts: str) -> str:
+    return os.path.join(os.environ["UNIFIED_TEST_SHARED"], *parts)
+
+
+def _error(err: BaseException) -> dict:
+    return {"raised": type(err).__name__, "unified": isinstance(err, unified.UnifiedError),
+            "checkpoint_error": isinstance(err, unified.CheckpointError),
+            "message": str(err)[:2000], "error_at": time.time()}
+
+
+def state_hash(acc: Accelerator, skip_loaders: bool = False) -> str:
+    """Hash of everything save_state writes except RNG: every prepared/registered object's state
+    (model, optimizer, scheduler, registered objects, data positions), as save_state exports it."""
+    from unified.checkpoint import codec
+
+    manager = acc._checkpoints
+    digest = hashlib.sha256()
+    for entry in manager.entries:
+        if skip_loaders and entry.name.startswith("dataloader"):
+            continue
+        structure, arrays = codec.encode(entry.get_state(), manager.backend.is_array, entry.name)
+        digest.update(json.dumps([entry.name, structure], sort_keys=True).encode())
+        for name in sorted(arrays):
+            dtype, shape, raw = manager._export(arrays[name], copy=False)
+            digest.update(f"{name}{dtype}{list(shape)}".encode())
+            digest.update(raw.tobytes())
+    return digest.hexdigest()
+
+
+# -- 1. a process dies in the middle of a training loop ------------------------------------------------
+def fault_train_kill(state: dict) -> dict:
+    """Train with a sync every step (wait_for_everyone / check_trigger alternately); the victim
+    SIGKILLs itself at step FAULT_KILL_STEP, either before its training step (the others are then
+    inside the step's collectives) or before the sync. Survivors report what they raised."""
+    from training import make
+
+    timeout = float(os.environ["FAULT_TIMEOUT"])
+    victim, kill_step = int(os.environ["FAULT_VICTIM"]), int(os.environ["FAULT_KILL_STEP"])
+    phase, jitter = os.environ["FAULT_PHASE"], float(os.environ["FAULT_JITTER"])
+    steps = int(os.environ["FAULT_STEPS"])
+    acc = Accelerator(timeout=timeout, seed=7)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()  # compile / warm up before the clock matters
+    acc.wait_for_everyone()
+    rank = acc.process_index
+
+    def die() -> None:
+        time.sleep(jitter)
+        with open(_shared("killed.json"), "w") as handle:
+            json.dump({"t": time.time(), "rank": rank, "step": step, "phase": phase}, handle)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    step = -1
+    try:
+        for step in range(steps):
+            if rank == victim and step == kill_step and phase == "step":
+                die()
+            run.step()
+            if rank == victim and step == kill_step and phase == "sync":
+                die()
+            if step % 2:
+                acc.wait_for_everyone()
+            else:
+                acc.check_trigger()
+    except BaseException as err:  # noqa: BLE001 - the observation is what was raised
+        out = _error(err)
+        out.update(step=step, mro=[c.__name__ for c in type(err).__mro__],
+                   where=[f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_tb(err.__traceback__)][-6:])
+        return out
+    return {"raised": None, "step": step, "error_at": time.time()}
+
+
+# -- 2. the whole group is killed during save_state ------------------------------------------------------
+def fault_save_loop(state: dict) -> dict:
+    """`scenarios.ckpt_save_loop` with the save mode fixed by FAULT_SAVE_MODE (sync / async)."""
+    from training import make
+
+    acc = scenarios._project_acc(state, total_limit=3)
+    run = make(acc)
+    expected = _shared("expected.jsonl")
+    async_save = os.environ["FAULT_SAVE_MODE"] == "async"
+    for i in range(100_000):
+        run.step()
+        if acc.is_main_process:
+            with open(expected, "a") as handle:
+                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+        acc.save_state(async_save=async_save)
+        if i == 0:
+            if async_save:
+                acc.wait_for_checkpoint()
+            if acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
+                open(_shared("ready"), "w").close()
+    return {"never": "reached"}
+
+
+# -- 3/4. damaged and hostile checkpoints -------------------------------------------------------------------
+def fault_save_pristine(state: dict) -> dict:
+    """Two good checkpoints of the same run, one step apart (sources of damage and of swapped files)."""
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    acc.save_state(_shared("pristine"))
+    pristine = state_hash(acc)
+    run.step()
+    acc.save_state(_shared("other"))
+    return {"pristine_hash": pristine}
+
+
+class _OpenWatch:
+    """Record every successful open (os.open, open) of a file whose inode is in ``watched``."""
+
+    def __init__(self, watched_paths) -> None:
+        self.inodes = set()
+        for path in watched_paths:
+            st = os.stat(path)
+            self.inodes.add((st.st_dev, st.st_ino))
+        self.hits: list = []
+
+    def _check(self, fd: int, path) -> None:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) in self.inodes:
+            self.hits.append(str(path))
+
+    @contextmanager
+    def active(self):
+        real_os_open, real_open = os.open, builtins.open
+
+        def os_open(path, flags, *args, **kwargs):
+            fd = real_os_open(path, flags, *args, **kwargs)
+            self._check(fd, path)
+            return fd
+
+        def open_(file, *args, **kwargs):
+            handle = real_open(file, *args, **kwargs)
+            if not isinstance(file, int):
+                try:
+                    self._check(handle.fileno(), file)
+                except (OSError, ValueError):
+                    pass
+            return handle
+
+        os.open, builtins.open = os_open, open_
+        try:
+            yield
+        finally:
+            os.open, builtins.open = real_os_open, real_open
+
+
+def fault_load_cases(state: dict) -> dict:
+    """Load every case directory under FAULT_CASES (one group, one load per case) and report.
+
+    Per case: what was raised, its message and how long it took, whether the state was left
+    untouched, and any successful open of a file under ``outside/`` (hostile cases point there).
+    """
+    from training import make
+
+    acc = Accelerator(timeout=float(os.environ.get("FAULT_TIMEOUT", "20")), seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    root = _shared(os.environ["FAULT_CASES"])
+    outside_dir = _shared("outside")
+    outside = [os.path.join(outside_dir, n) for n in os.listdir(outside_dir)] if os.path.isdir(outside_dir) else []
+    watch = _OpenWatch(outside)
+    outcome = {}
+    for case in sorted(os.listdir(root)):
+        before = state_hash(acc)
+        watch.hits = []
+        start = time.monotonic()
+        try:
+            with watch.active():
+                acc.load_state(os.path.join(root, case))
+            result = {"raised": None, "state_hash": state_hash(acc)}
+        except BaseException as err:  # noqa: BLE001
+            result = _error(err)
+        result["elapsed"] = time.monotonic() - start
+        result["untouched"] = state_hash(acc) == before
+        result["outside_reads"] = list(watch.hits)
+        outcome[case] = result
+        if result["raised"] not in (None, "CheckpointError"):
+            outcome["__stopped_after__"] = case  # the group may be broken: do not go on
+            break
+    outcome["__pwned__"] = os.path.exists(_shared("PWNED"))
+    return outcome
+
+
+# -- 5. resume with another number of processes ------------------------------------------------------------
+DATA_SAMPLES, DATA_SEEN = 24, 6  # 6 samples: a whole number of global batches for 2 and 3 processes
+
+
+def _count_setup(state: dict):
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    loader = acc.prepare(unified.DataLoader(scenarios.CountingDataset(DATA_SAMPLES), batch_size=1, shuffle=True, seed=11))
+    return acc, run, loader
+
+
+def fault_count_save(state: dict) -> dict:
+    acc, run, loader = _count_setup(state)
+    for _ in range(2):
+        run.step()
+    for _ in range(acc.process_index):  # give every process its own generator states
+        run.draws()
+    batches = iter(loader)
+    for _ in range(DATA_SEEN // acc.num_processes):
+        next(batches)
+    acc.save_state(_shared(os.environ["FAULT_COUNT_SAVE_DIR"]))
+    return {"state_hash": state_hash(acc, skip_loaders=True), "order": loader.epoch_order(0).tolist(),
+            "num_processes": acc.num_processes}
+
+
+def fault_count_load(state: dict) -> dict:
+    acc, run, loader = _count_setup(state)
+    directory = _shared(os.environ["FAULT_COUNT_LOAD_DIR"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            acc.load_state(directory)
+        except BaseException as err:  # noqa: BLE001
+            return _error(err)
+    rng_warnings = [str(w.message) for w in caught if "re-derived" in str(w.message)]
+    loaded_hash = state_hash(acc, skip_loaders=True)
+    draws = run.draws()
+    # the documented rule (docs/checkpoints.md): seed = crc32("unified/{iteration}/{process_index}")
+    iteration = json.load(open(os.path.join(directory, "manifest.json")))["iteration"]
+    seed = zlib.crc32(f"unified/{iteration}/{acc.process_index}".encode())
+    random.seed(seed)
+    np.random.seed(seed)
+    acc._backend.seed(seed)
+    expected_draws = run.draws()
+    rows = [scenarios._rows(b) for b in loader]  # the rest of the epoch, this process's share
+    return {"raised": None, "state_hash": loaded_hash, "rng_warnings": rng_warnings, "draws": draws,
+            "expected_draws": expected_draws, "rows": rows, "num_processes": acc.num_processes}
+
+
+# -- 6. full disk during save ----------------------------------------------------------------------------------
+def fault_enospc(state: dict) -> dict:
+    """For each case "mode:victim" in FAULT_ENOSPC: save A, step, then save B while
+    safetensors_io.write raises ENOSPC (after writing a few bytes) on process ``victim`` once.
+    Then: B must not exist, load_state() must load A with A's state."""
+    from training import make
+    from unified.checkpoint import safetensors_io
+
+    acc = scenarios._project_acc(state)
+    run = make(acc)
+    rank = acc.process_index
+    real_write = safetensors_io.write
+    out = {}
+    for case in os.environ["FAULT_ENOSPC"].split(","):
+        mode, victim = case.split(":")
+        run.step()
+        saved_a = acc.save_state()
+        hash_a = state_hash(acc)
+        run.step()
+        calls = {"n": 0}
+
+        def full_disk(path, arrays, metadata=()):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                return real_write(path, arrays, metadata)
+            with open(path, "wb") as handle:  # a partly written file, as a full disk leaves
+                handle.write(b"\0" * 16)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+        if rank == int(victim):
+            safetensors_io.write = full_disk
+        start = time.monotonic()
+        result: dict = {"raised": None}
+        target = None
+        try:
+            target = acc.save_state(async_save=mode == "async")
+            if mode == "async":
+                acc.wait_for_checkpoint()
+        except BaseException as err:  # noqa: BLE001
+            result = _error(err)
+        finally:
+            safetensors_io.write = real_write
+        result["elapsed"] = time.monotonic() - start
+        folder = os.path.dirname(saved_a)
+        acc.wait_for_everyone()
+        result["listing"] = sorted(os.listdir(folder))
+        result["saved_a"] = os.path.basename(saved_a)
+        result["target"] = None if target is None else os.path.basename(target)
+        try:
+            loaded = acc.load_state()
+            result["loaded"] = os.path.basename(loaded)
+            result["loaded_ok"] = state_hash(acc) == hash_a
+        except BaseException as err:  # noqa: BLE001
+            result["load_error"] = _error(err)
+            result["loaded_ok"] = False
+        out[case] = result
+    return out

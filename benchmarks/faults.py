@@ -1,0 +1,674 @@
+"""Fault benchmark: repeated fault trials in real process groups, on every installed backend.
+
+Run from the repository root:
+
+    python benchmarks/faults.py            # 20 trials for rows 1-2, 100 damage cases (15-30 min)
+    python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases (< 4 min)
+    options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
+             --seed N --rows 1,2,... --keep
+
+Prints one table (fault | backend | trials | passes | worst time to error | notes), then the
+failing trials in detail, and exits 1 if any row is below 100%.
+
+Every group is started by the conformance harness (`tests/conformance/harness.run_group`),
+whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
+`tests/conformance/scenarios.py`), chosen by UNIFIED_TEST_SCENARIOS. The rows:
+
+1. A process SIGKILLs itself at a random step of a training loop (`training.make(acc)`, a
+   `wait_for_everyone` or `check_trigger` after every step; `Accelerator(timeout=--timeout)`;
+   3 processes and 10 s, --short: 2 and 5 s),
+   either before its training step (the others are then in the step's collectives: DDP's
+   all-reduce, or the jitted step's cross-process reduction) or before the sync. Pass: every
+   survivor raised a `unified` error (`BarrierTimeout` / `DistributedError`) and exited, or was
+   ended by the watchdog with its message (blocked where it cannot raise), both within
+   timeout + 2 s of the kill. "worst time" = the latest survivor error after the kill
+   ("never": some survivor raised nothing); the notes give the latest exit. A hung survivor is
+   stopped at the harness deadline, and the worker dumps its stacks to its log (faulthandler).
+2. The whole group is SIGKILLed at a random moment (0.2-3 s after the first checkpoint; --short: 0.2-1.5 s) of a
+   loop that saves after every step (`sync` and `async` trials alternate). Pass: a new group's
+   `load_state()` restores exactly the parameter hash recorded before that checkpoint's save,
+   on both processes, and the next save leaves no temporaries.
+3. Random damage to a good checkpoint, one copy per case, all loaded by one group: a flipped
+   byte (random file, random offset), a truncation (random file, random length), a deleted
+   file, an edited manifest field (random field, not re-signed), a file copied from another
+   checkpoint of the same run (the manifest included). Pass: every process raises
+   `CheckpointError` naming the damaged file, and no object was modified.
+4. Hostile checkpoints: Accelerate's file names holding pickle payloads (beside a valid manifest:
+   loads and ignores them; without one: refused), a pickle where a safetensors file is expected,
+   a data file or the manifest replaced by a symlink to a valid copy outside, `..` and absolute
+   paths in a re-signed manifest, a huge declared size, a huge safetensors header length and
+   shape. Pass: no payload runs (no PWNED file), no file outside the checkpoint is opened
+   (os.open / open watched by inode), a `CheckpointError` names the culprit within 5 s.
+5. Resume with another number of processes, 2 -> 3 and 3 -> 2 (training state plus a shuffled
+   `unified.DataLoader` 6 samples into the epoch). Pass: model, optimizer, scheduler and
+   registered state equal the saved ones; the rest of the epoch is exactly the unconsumed
+   samples; each process's generators follow the documented rule (seed = crc32("unified/
+   {iteration}/{process_index}")); the re-derivation warning appears once, on the main process.
+6. Full disk: `safetensors_io.write` raises ENOSPC (after writing 16 bytes) on one process during
+   one save (sync, and async + `wait_for_checkpoint`; each process as the victim). Pass: every
+   process raises `CheckpointError` naming the process and "No space left"; the failed checkpoint
+   does not exist, and `load_state()` loads the previous one with its exact state.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pickle
+import random
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Set
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.conformance import harness  # noqa: E402
+
+VERBOSE = False
+
+
+def run_group(backend, size, scenarios, shared, **kwargs):
+    """`harness.run_group`, printing each group's wall time with --verbose."""
+    group = harness.run_group(backend, size, scenarios, shared, **kwargs)
+    if VERBOSE:
+        print(f"    {backend} x{size} {'+'.join(scenarios)}: {group.elapsed:.1f} s, exit codes {group.returncodes}", flush=True)
+    return group
+WORKER_PATH = os.pathsep.join(str(p) for p in (ROOT, ROOT / "benchmarks", ROOT / "tests" / "conformance"))
+TRAIN_STEPS = 30
+WATCHDOG_EXIT = "unified: the process group broke"  # unified/watchdog.py's message
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Row:
+    fault: str
+    backend: str
+    trials: int = 0
+    passes: int = 0
+    worst: Optional[float] = None
+    notes: str = ""
+    failures: List[str] = field(default_factory=list)
+
+    def record(self, ok: bool, what: str, time_s: Optional[float] = None) -> None:
+        self.trials += 1
+        self.passes += bool(ok)
+        if time_s is not None:
+            self.worst = time_s if self.worst is None else max(self.worst, time_s)
+        if not ok:
+            self.failures.append(what)
+
+
+JAX_CACHE: Dict[str, str] = {}  # a persistent compilation cache shared by the groups (--no-jax-cache: off)
+
+
+def _env(shared: Path, **extra: object) -> Dict[str, str]:
+    env = {"UNIFIED_TEST_SHARED": str(shared), "PYTHONPATH": WORKER_PATH,
+           "UNIFIED_TEST_SCENARIOS": "fault_scenarios,scenarios", **JAX_CACHE}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = (text or "").strip().splitlines()[-1:] or [""]
+    return line[0][:limit]
+
+
+def _group_failed(group: harness.GroupResult, scenario: str) -> Optional[str]:
+    """A short reason when some process did not finish ``scenario`` normally."""
+    for rank, (rc, result) in enumerate(zip(group.returncodes, group.results)):
+        value = result.get(scenario)
+        if value is None:
+            return f"process {rank} (exit {rc}) did not report {scenario}: {_first_line(group.logs[rank])}"
+        if isinstance(value, dict) and value.get("unexpected"):
+            return f"process {rank} failed in {scenario}: {value['error'][:300]}"
+    return None
+
+
+# -- 1. a process dies during training ---------------------------------------------------------------------
+def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, timeout: float, size: int) -> Row:
+    row = Row("1 process SIGKILLed in training loop", backend)
+    phases: Dict[str, int] = {}
+    worst_exit = 0.0
+    for t in range(trials):
+        shared = work / f"r1-{backend}-{t}"
+        shared.mkdir()
+        victim, step = rng.randrange(size), rng.randrange(1, TRAIN_STEPS - 3)
+        phase, jitter = rng.choice(["step", "sync"]), rng.uniform(0.0, 0.05)
+        phases[phase] = phases.get(phase, 0) + 1
+        what = f"trial {t}: victim {victim}, step {step}, before its {phase}"
+        group = run_group(backend, size, ["fault_train_kill"], shared, deadline=60 + 3 * timeout,
+                          extra_env=_env(shared, FAULT_TIMEOUT=timeout, FAULT_VICTIM=victim, FAULT_KILL_STEP=step,
+                                         FAULT_PHASE=phase, FAULT_JITTER=jitter, FAULT_STEPS=TRAIN_STEPS))
+        killed_file = shared / "killed.json"
+        if group.returncodes[victim] != -9 or not killed_file.exists():
+            row.record(False, f"{what}: the victim did not die as planned (exit {group.returncodes[victim]}): "
+                              f"{_first_line(group.logs[victim])}")
+            continue
+        killed_at = json.loads(killed_file.read_text())["t"]
+        problems, slowest_error = [], 0.0
+        for rank in range(size):
+            if rank == victim:
+                continue
+            result = group.results[rank].get("fault_train_kill")
+            exit_at = group.exit_times[rank]
+            if result is None and exit_at is not None and WATCHDOG_EXIT in group.logs[rank]:
+                # ended by the watchdog (it could not raise: blocked in a device collective)
+                result = {"raised": "watchdog exit", "unified": True, "error_at": exit_at, "step": None, "message": ""}
+            if result is None or result.get("unexpected") or result["raised"] is None:
+                slowest_error = float("inf")
+            else:
+                slowest_error = max(slowest_error, result["error_at"] - killed_at)
+            if exit_at is None:
+                worst_exit = float("inf")
+                tail = " | ".join(line.strip() for line in group.logs[rank].strip().splitlines()[-3:])
+                problems.append(f"process {rank} hung (killed at the {60 + 3 * timeout:g} s deadline); log ends: {tail[:300]}")
+            else:
+                worst_exit = max(worst_exit, exit_at - killed_at)
+                if exit_at - killed_at > timeout + 2:
+                    problems.append(f"process {rank} exited {exit_at - killed_at:.1f} s after the kill")
+            if result is None or result.get("unexpected"):
+                problems.append(f"process {rank} exited {group.returncodes[rank]} without a result: "
+                                f"{_first_line(group.logs[rank])}")
+                continue
+            if result["raised"] is None:
+                problems.append(f"process {rank} finished the loop without an error")
+                continue
+            to_error = result["error_at"] - killed_at
+            if not result["unified"]:
+                problems.append(f"process {rank} raised {result['raised']} (not a unified error) at step "
+                                f"{result['step']}: {result['message'][:200]}")
+            if to_error > timeout + 2:
+                problems.append(f"process {rank} raised only {to_error:.1f} s after the kill")
+        row.record(not problems, f"{what}: " + "; ".join(problems), slowest_error)
+    row.notes = (f"{size} processes, timeout {timeout:g} s; kill before step/sync: "
+                 f"{phases.get('step', 0)}/{phases.get('sync', 0)}; worst exit after the kill "
+                 f"{'never (hung)' if worst_exit == float('inf') else f'{worst_exit:.1f} s'}")
+    return row
+
+
+# -- 2. the whole group dies during save_state ----------------------------------------------------------------
+def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max_delay: float) -> Row:
+    row = Row("2 group SIGKILLed during save_state", backend)
+    per_mode = {"sync": [0, 0], "async": [0, 0]}
+    saves = []
+    for t in range(trials):
+        mode = ("sync", "async")[t % 2]
+        shared = work / f"r2-{backend}-{t}"
+        shared.mkdir()
+        delay = rng.uniform(0.2, max_delay)
+        what = f"trial {t} ({mode}, kill {delay:.2f} s after the first checkpoint)"
+        per_mode[mode][0] += 1
+        crashed = run_group(backend, 2, ["fault_save_loop"], shared, extra_env=_env(shared, FAULT_SAVE_MODE=mode),
+                            kill_when=shared / "ready", kill_delay=delay, deadline=120)
+        if not all(rc == -9 for rc in crashed.returncodes):
+            row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
+                              f"{_group_failed(crashed, 'fault_save_loop')}")
+            continue
+        expected = {}
+        for line in (shared / "expected.jsonl").read_text().splitlines():
+            if line.strip().endswith("}"):
+                entry = json.loads(line)
+                expected[entry["iteration"]] = entry["hash"]
+        saves.append(len(expected))
+        loaded = run_group(backend, 2, ["ckpt_load_newest"], shared, extra_env=_env(shared), deadline=120)
+        failed = _group_failed(loaded, "ckpt_load_newest")
+        if failed:
+            row.record(False, f"{what}: load after the crash failed: {failed}")
+            continue
+        rows = [r["ckpt_load_newest"] for r in loaded.results]
+        problems = []
+        if rows[0]["iteration"] not in expected:
+            problems.append(f"loaded iteration {rows[0]['iteration']} was never saved")
+        elif rows[0]["hash"] != expected[rows[0]["iteration"]]:
+            problems.append(f"checkpoint_{rows[0]['iteration']} holds other parameters than were saved")
+        if rows[0]["hash"] != rows[1]["hash"]:
+            problems.append("the processes loaded different parameters")
+        if rows[0]["leftovers"]:
+            problems.append(f"temporaries left after a new save: {rows[0]['leftovers']}")
+        per_mode[mode][1] += not problems
+        row.record(not problems, f"{what}: " + "; ".join(problems))
+    row.notes = (f"sync {per_mode['sync'][1]}/{per_mode['sync'][0]}, async {per_mode['async'][1]}/{per_mode['async'][0]}; "
+                 f"checkpoints begun before the kill: {min(saves, default=0)}-{max(saves, default=0)}; loads all succeed (no error expected)")
+    return row
+
+
+# -- 3/4. building damaged and hostile copies ----------------------------------------------------------------
+class Payload:
+    """Unpickling this creates ``path``: proof that a pickle ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _digest(body: dict) -> str:
+    from unified.checkpoint.manifest import _digest as digest
+
+    return digest(body)
+
+
+def _resign(directory: Path, edit) -> None:
+    """Edit the manifest and re-sign it, as an attacker who knows the format could
+    (as `_rewrite_manifest` in tests/conformance/test_checkpoint.py)."""
+    path = directory / MANIFEST
+    doc = json.loads(path.read_text())
+    doc.pop("manifest_xxh3")
+    edit(doc)
+    doc["manifest_xxh3"] = _digest(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _file_info(data: bytes) -> dict:
+    import xxhash
+
+    return {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}
+
+
+def _leaf_paths(node, prefix=()):
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaf_paths(value, prefix + (key,))
+    elif isinstance(node, list) and node:
+        for i, value in enumerate(node):
+            yield from _leaf_paths(value, prefix + (i,))
+    else:
+        yield prefix
+
+
+def _changed(value, rng: random.Random):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + rng.choice([-1, 1]) * rng.randint(1, 1000)
+    if isinstance(value, float):
+        return value + rng.uniform(0.5, 10.0)
+    if isinstance(value, str):
+        if value and rng.random() < 0.5:
+            i = rng.randrange(len(value))
+            return value[:i] + ("0" if value[i] != "0" else "1") + value[i + 1:]
+        return value + "x"
+    if value is None:
+        return 0
+    return ["x"]  # an empty list or dict
+
+
+def make_damaged(pristine: Path, other: Path, root: Path, count: int, rng: random.Random) -> Dict[str, dict]:
+    """``count`` damaged copies of ``pristine``: case name -> {"culprits": names, "what": text}."""
+    names = sorted(os.listdir(pristine))
+    other_manifest = json.loads((other / MANIFEST).read_text())
+    kinds = ["flip", "truncate", "delete", "edit_manifest", "copy_other"]
+    cases = {}
+    for i in range(count):
+        kind = kinds[i % len(kinds)]
+        case = root / f"damage_{i:03d}_{kind}"
+        shutil.copytree(pristine, case)
+        if kind == "edit_manifest":
+            victim = MANIFEST
+        elif kind == "copy_other":
+            victim = rng.choice([n for n in names if (pristine / n).read_bytes() != (other / n).read_bytes()])
+        else:
+            victim = rng.choice(names)
+        target = case / victim
+        culprits = {victim}
+        if kind == "flip":
+            data = bytearray(target.read_bytes())
+            offset = rng.randrange(len(data))
+            data[offset] ^= 0xFF
+            target.write_bytes(bytes(data))
+            what = f"{victim}: byte {offset} of {len(data)} flipped"
+        elif kind == "truncate":
+            data = target.read_bytes()
+            length = rng.randrange(len(data))
+            target.write_bytes(data[:length])
+            what = f"{victim}: truncated to {length} of {len(data)} bytes"
+        elif kind == "delete":
+            target.unlink()
+            what = f"{victim}: deleted"
+        elif kind == "edit_manifest":
+            doc = json.loads(target.read_text())
+            top = rng.choice(sorted(doc))
+            paths = list(_leaf_paths(doc[top], (top,)))
+            path = rng.choice(paths)
+            parent = doc
+            for key in path[:-1]:
+                parent = parent[key]
+            old = parent[path[-1]]
+            parent[path[-1]] = _changed(old, rng)
+            target.write_text(json.dumps(doc, indent=1, sort_keys=True))
+            what = f"manifest field {'/'.join(map(str, path))}: {str(old)[:40]!r} -> {str(parent[path[-1]])[:40]!r} (not re-signed)"
+        else:
+            shutil.copyfile(other / victim, target)
+            if victim == MANIFEST:  # then the data files no longer match what the manifest lists
+                culprits |= {n for n in names if n != MANIFEST and other_manifest["files"].get(n) != _file_info((pristine / n).read_bytes())}
+            what = f"{victim}: copied from a checkpoint one step later"
+        cases[case.name] = {"culprits": sorted(culprits), "what": what}
+    return cases
+
+
+def make_hostile(pristine: Path, root: Path, outside: Path, shared: Path, rng: random.Random) -> Dict[str, dict]:
+    """Hostile copies: case -> {"culprit": name or None (must load), "what": text}."""
+    data_files = sorted(n for n in os.listdir(pristine) if n != MANIFEST)
+    outside.mkdir(exist_ok=True)
+    for name in os.listdir(pristine):
+        shutil.copyfile(pristine / name, outside / name)  # valid copies: reading them would "work"
+    cases: Dict[str, dict] = {}
+    pwned = str(shared / "PWNED")
+
+    def copy(name: str, culprit: Optional[str], what: str) -> Path:
+        target = root / f"hostile_{name}"
+        shutil.copytree(pristine, target)
+        cases[target.name] = {"culprit": culprit, "what": what}
+        return target
+
+    d = copy("pickles_beside_manifest", None, "Accelerate's names with pickle payloads beside a valid manifest")
+    for name in ("optimizer.bin", "random_states_0.pkl", "scheduler.bin", "pytorch_model.bin", "model.safetensors"):
+        (d / name).write_bytes(pickle.dumps(Payload(pwned)))
+    d = root / "hostile_accelerate_style"
+    d.mkdir()
+    for name in ("optimizer.bin", "random_states_0.pkl", "scheduler.bin", "pytorch_model.bin", "model.safetensors"):
+        (d / name).write_bytes(pickle.dumps(Payload(pwned)))
+    cases[d.name] = {"culprit": MANIFEST, "what": "Accelerate-style checkpoint of pickle payloads, no manifest"}
+    victim = rng.choice(data_files)
+    d = copy("pickle_as_safetensors", victim, f"{victim} is a pickle payload (manifest re-signed to match)")
+    payload = pickle.dumps(Payload(pwned))
+    (d / victim).write_bytes(payload)
+    _resign(d, lambda doc: doc["files"][victim].update(_file_info(payload)))
+    victim = rng.choice(data_files)
+    d = copy("symlink_file", victim, f"{victim} is a symlink to a valid copy outside")
+    (d / victim).unlink()
+    (d / victim).symlink_to(outside / victim)
+    d = copy("symlink_manifest", MANIFEST, "manifest.json is a symlink to a valid copy outside")
+    (d / MANIFEST).unlink()
+    (d / MANIFEST).symlink_to(outside / MANIFEST)
+    victim = rng.choice(data_files)
+    escape = f"../../{outside.name}/{victim}"
+
+    def dotdot(doc):
+        doc["files"][escape] = doc["files"].pop(victim)
+    d = copy("dotdot_path", escape, f"manifest lists {escape} (re-signed)")
+    _resign(d, dotdot)
+    victim = rng.choice(data_files)
+    absolute = str(outside / victim)
+
+    def abspath(doc):
+        doc["files"][absolute] = doc["files"].pop(victim)
+    d = copy("absolute_path", absolute, f"manifest lists {absolute} (re-signed)")
+    _resign(d, abspath)
+    victim = rng.choice(data_files)
+    d = copy("huge_size", victim, f"manifest declares {victim} as 10**15 bytes (re-signed)")
+    _resign(d, lambda doc: doc["files"][victim].update(size=10**15))
+    victim = rng.choice(data_files)
+    crafted = struct.pack("<Q", 2**62) + b"{}" + b"\0" * 64
+    d = copy("huge_header", victim, f"{victim} declares a 2**62-byte safetensors header (re-signed)")
+    (d / victim).write_bytes(crafted)
+    _resign(d, lambda doc: doc["files"][victim].update(_file_info(crafted)))
+    victim = rng.choice(data_files)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 16]}}).encode()
+    header += b" " * (-len(header) % 8)
+    crafted_shape = struct.pack("<Q", len(header)) + header + b"\0" * 16
+    d = copy("huge_shape", victim, f"{victim} declares a 2**40 x 2**40 array in 16 bytes (re-signed)")
+    (d / victim).write_bytes(crafted_shape)
+    _resign(d, lambda doc: doc["files"][victim].update(_file_info(crafted_shape)))
+    return cases
+
+
+def _judge_case(results: List[dict], case: str, culprits: List[str], stopped: Optional[str]) -> List[str]:
+    problems = []
+    for rank, outcome in enumerate(results):
+        result = outcome.get(case)
+        if result is None:
+            problems.append(f"process {rank}: not run (group stopped after {stopped})")
+            continue
+        if result["raised"] != "CheckpointError":
+            problems.append(f"process {rank}: raised {result['raised']}: {result.get('message', '')[:200]}")
+        elif not any(c in result["message"] for c in culprits):
+            problems.append(f"process {rank}: message does not name {culprits}: {result['message'][:200]}")
+        if not result["untouched"]:
+            problems.append(f"process {rank}: state was modified")
+        if result["outside_reads"]:
+            problems.append(f"process {rank}: opened files outside: {result['outside_reads']}")
+    return problems
+
+
+def rows_checkpoint_files(backend: str, shared: Path, load: harness.GroupResult, damaged: Dict[str, dict],
+                          hostile: Dict[str, dict], pristine_hash: str) -> List[Row]:
+    damage_row = Row("3 checkpoint damaged at random", backend)
+    hostile_row = Row("4 hostile checkpoint files", backend)
+    failed = _group_failed(load, "fault_load_cases")
+    if failed:
+        for row, cases in ((damage_row, damaged), (hostile_row, hostile)):
+            for case in cases:
+                row.record(False, f"{case}: {failed}")
+        return [damage_row, hostile_row]
+    results = [r["fault_load_cases"] for r in load.results]
+    stopped = results[0].get("__stopped_after__")
+    pwned = any(r["__pwned__"] for r in results) or (shared / "PWNED").exists()
+    kinds: Dict[str, int] = {}
+    for case, spec in damaged.items():
+        kinds[case.split("_", 2)[2]] = kinds.get(case.split("_", 2)[2], 0) + 1
+        problems = _judge_case(results, case, spec["culprits"], stopped)
+        times = [r[case]["elapsed"] for r in results if case in r]
+        damage_row.record(not problems, f"{case} ({spec['what']}): " + "; ".join(problems), max(times, default=None))
+    damage_row.notes = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    for case, spec in hostile.items():
+        if spec["culprit"] is None:  # must load (the extra files are ignored) and restore the pristine state
+            problems = []
+            for rank, outcome in enumerate(results):
+                result = outcome.get(case)
+                if result is None or result["raised"] is not None:
+                    problems.append(f"process {rank}: {None if result is None else result['raised']}: "
+                                    f"{'' if result is None else result.get('message', '')[:200]}")
+                elif result["state_hash"] != pristine_hash:
+                    problems.append(f"process {rank}: loaded state differs from the saved one")
+                elif result["outside_reads"]:
+                    problems.append(f"process {rank}: opened files outside: {result['outside_reads']}")
+        else:
+            problems = _judge_case(results, case, [spec["culprit"]], stopped)
+        times = [r[case]["elapsed"] for r in results if case in r]
+        if times and max(times) > 5:
+            problems.append(f"took {max(times):.1f} s")
+        if pwned:
+            problems.append("a pickle payload ran (PWNED exists)")
+        hostile_row.record(not problems, f"{case} ({spec['what']}): " + "; ".join(problems), max(times, default=None))
+    hostile_row.notes = f"{len(hostile)} cases; payload ran: {'YES' if pwned else 'no'}; outside files opened: " + (
+        "YES" if any(r[c]["outside_reads"] for r in results for c in hostile if c in r) else "no")
+    return [damage_row, hostile_row]
+
+
+# -- 5. another number of processes -------------------------------------------------------------------------------
+def judge_other_count(saved: harness.GroupResult, loaded: harness.GroupResult, row: Row, label: str) -> None:
+    failed = _group_failed(saved, "fault_count_save") or _group_failed(loaded, "fault_count_load")
+    if failed:
+        row.record(False, f"{label}: {failed}")
+        return
+    save = saved.results[0]["fault_count_save"]
+    rows = [r["fault_count_load"] for r in loaded.results]
+    problems = []
+    for rank, r in enumerate(rows):
+        if r["raised"] is not None:
+            problems.append(f"process {rank}: load raised {r['raised']}: {r['message'][:200]}")
+            continue
+        if r["state_hash"] != save["state_hash"]:
+            problems.append(f"process {rank}: restored state differs from the saved one")
+        if r["draws"] != r["expected_draws"]:
+            problems.append(f"process {rank}: generators do not follow the documented re-derivation")
+        want = 1 if rank == 0 else 0
+        if len(r["rng_warnings"]) != want:
+            problems.append(f"process {rank}: {len(r['rng_warnings'])} re-derivation warnings (want {want})")
+    if not problems:
+        size = len(rows)
+        rest = [x for k in range(len(rows[0]["rows"])) for r in range(size) for x in rows[r]["rows"][k]]
+        if rest != save["order"][6:]:
+            problems.append(f"data: the rest of the epoch is {rest}, want {save['order'][6:]}")
+        if len({json.dumps(r["draws"]) for r in rows}) != size:
+            problems.append("some processes share a random stream")
+    row.record(not problems, f"{label}: " + "; ".join(problems))
+
+
+# -- 6. full disk ----------------------------------------------------------------------------------------------------
+def judge_enospc(group: harness.GroupResult, rows: Dict[str, Row], cases: List[str]) -> None:
+    failed = _group_failed(group, "fault_enospc")
+    if failed:
+        for case in cases:
+            rows[case.split(":")[0]].record(False, f"{case}: {failed}")
+        return
+    results = [r["fault_enospc"] for r in group.results]
+    for case in results[0]:
+        mode, victim = case.split(":")
+        problems = []
+        for rank, outcome in enumerate(results):
+            r = outcome[case]
+            number = int(r["saved_a"].rsplit("_", 1)[1])
+            failed_name = f"checkpoint_{number + 1}"
+            if r["raised"] != "CheckpointError":
+                problems.append(f"process {rank}: raised {r['raised']}" + (f": {r['message'][:200]}" if r["raised"] else ""))
+            else:
+                missing = [w for w in ("No space left", f"process {victim}") if w not in r["message"]]
+                if missing:
+                    problems.append(f"process {rank}: message lacks {missing}: {r['message'][:200]!r}")
+            if failed_name in r["listing"] or any(".tmp-" in n for n in r["listing"]):
+                problems.append(f"process {rank}: after the failed save the folder holds {r['listing']}")
+            if r.get("loaded") != r["saved_a"] or not r["loaded_ok"]:
+                problems.append(f"process {rank}: load_state() gave {r.get('loaded')} "
+                                f"(want {r['saved_a']}, state equal: {r['loaded_ok']}) {r.get('load_error', '')}")
+        times = [o[case]["elapsed"] for o in results]
+        rows[mode].record(not problems, f"ENOSPC on process {victim}: " + "; ".join(problems), max(times))
+
+
+# -- driver ------------------------------------------------------------------------------------------------------------
+def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work: Path, wanted: Set[int]) -> List[Row]:
+    rows: List[Row] = []
+    if 1 in wanted:
+        rows.append(row_train_kill(backend, args.trials, rng, work, args.timeout, args.train_size))
+        print(f"  [{backend}] row 1 done ({time.monotonic() - START:.0f} s)", flush=True)
+    if 2 in wanted:
+        rows.append(row_save_kill(backend, args.trials, rng, work, args.max_kill_delay))
+        print(f"  [{backend}] row 2 done ({time.monotonic() - START:.0f} s)", flush=True)
+    if not wanted & {3, 4, 5, 6}:
+        return rows
+    shared = work / f"files-{backend}"
+    shared.mkdir()
+    victims = [0, 1]
+    enospc = ",".join(f"{mode}:{v}" for mode in ("sync", "async") for v in victims)
+    first = run_group(backend, 2, ["fault_save_pristine", "fault_count_save", "fault_enospc"], shared, deadline=240,
+                      extra_env=_env(shared, FAULT_COUNT_SAVE_DIR="count_2", FAULT_ENOSPC=enospc))
+    third = run_group(backend, 3, ["fault_count_load", "fault_count_save"], shared, deadline=240,
+                      extra_env=_env(shared, FAULT_COUNT_LOAD_DIR="count_2", FAULT_COUNT_SAVE_DIR="count_3"))
+    cases_root = shared / "cases"
+    cases_root.mkdir()
+    damaged, hostile = {}, {}
+    pristine_failed = _group_failed(first, "fault_save_pristine")
+    if not pristine_failed:
+        damaged = make_damaged(shared / "pristine", shared / "other", cases_root, args.damage_cases, rng)
+        hostile = make_hostile(shared / "pristine", cases_root, shared / "outside", shared, rng)
+    last = run_group(backend, 2, ["fault_count_load", "fault_load_cases"], shared, deadline=240,
+                     extra_env=_env(shared, FAULT_COUNT_LOAD_DIR="count_3", FAULT_CASES="cases"))
+    if 3 in wanted or 4 in wanted:
+        if pristine_failed:
+            for name in ("3 checkpoint damaged at random", "4 hostile checkpoint files"):
+                row = Row(name, backend)
+                row.record(False, f"could not save the pristine checkpoint: {pristine_failed}")
+                rows.append(row)
+        else:
+            pristine_hash = first.results[0]["fault_save_pristine"]["pristine_hash"]
+            rows += [r for r in rows_checkpoint_files(backend, shared, last, damaged, hostile, pristine_hash)
+                     if int(r.fault[0]) in wanted]
+    if 5 in wanted:
+        row = Row("5 resume with another process count", backend)
+        judge_other_count(first, third, row, "2 -> 3")
+        judge_other_count(third, last, row, "3 -> 2")
+        row.notes = "state, data position, RNG rule and warning checked; loads succeed (no error expected)"
+        rows.append(row)
+    if 6 in wanted:
+        enospc_rows = {"sync": Row("6 full disk (ENOSPC), sync save", backend),
+                       "async": Row("6 full disk (ENOSPC), async save", backend)}
+        judge_enospc(first, enospc_rows, enospc.split(","))
+        for row in enospc_rows.values():
+            row.notes = "each process once as the victim; time = until save_state / wait_for_checkpoint raised"
+        rows += list(enospc_rows.values())
+    print(f"  [{backend}] rows 3-6 done ({time.monotonic() - START:.0f} s)", flush=True)
+    return rows
+
+
+def table(rows: List[Row]) -> str:
+    lines = ["| fault | backend | trials | passes | worst time to error (s) | notes |", "|---|---|---:|---:|---:|---|"]
+    for r in rows:
+        worst = "n/a" if r.worst is None or r.fault[0] in "25" else "never" if r.worst == float("inf") else f"{r.worst:.2f}"
+        percent = 100.0 * r.passes / r.trials if r.trials else 0.0
+        lines.append(f"| {r.fault} | {r.backend} | {r.trials} | {r.passes} ({percent:.0f}%) | {worst} | {r.notes} |")
+    return "\n".join(lines)
+
+
+START = time.monotonic()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--short", action="store_true", help="CI mode: 2 trials per row, 10 damage cases")
+    parser.add_argument("--backends", default=",".join(b for b in ("torch", "jax") if importlib.util.find_spec(b)))
+    parser.add_argument("--trials", type=int, default=None, help="trials of rows 1 and 2 (20; --short: 2)")
+    parser.add_argument("--damage-cases", type=int, default=None, help="damaged copies for row 3 (100; --short: 10)")
+    parser.add_argument("--timeout", type=float, default=None, help="the Accelerator timeout in row 1 (10 s; --short: 5 s)")
+    parser.add_argument("--max-kill-delay", type=float, default=None,
+                        help="row 2 kills 0.2 s to this many seconds after the first checkpoint (3; --short: 1.5)")
+    parser.add_argument("--no-jax-cache", action="store_true", help="no persistent JAX compilation cache for the groups")
+    parser.add_argument("--train-size", type=int, default=None, help="processes in row 1 (3; --short: 2)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: time)")
+    parser.add_argument("--rows", default="1,2,3,4,5,6")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
+    args = parser.parse_args(argv)
+    global VERBOSE
+    VERBOSE = args.verbose
+    args.trials = args.trials if args.trials is not None else (2 if args.short else 20)
+    args.damage_cases = args.damage_cases if args.damage_cases is not None else (10 if args.short else 100)
+    args.train_size = args.train_size if args.train_size is not None else (2 if args.short else 3)
+    args.timeout = args.timeout if args.timeout is not None else (5.0 if args.short else 10.0)
+    args.max_kill_delay = args.max_kill_delay if args.max_kill_delay is not None else (1.5 if args.short else 3.0)
+    seed = args.seed if args.seed is not None else int(time.time())
+    wanted = {int(x) for x in args.rows.split(",")}
+    work = Path(tempfile.mkdtemp(prefix="unified-faults-"))
+    if not args.no_jax_cache:
+        JAX_CACHE.update(JAX_COMPILATION_CACHE_DIR=str(work / "jax-cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=str(ROOT), capture_output=True,
+                                text=True, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    print(f"fault benchmark: backends {args.backends}, seed {seed}, trials {args.trials}, damage cases "
+          f"{args.damage_cases}, code {commit}, work dir {work}", flush=True)
+    rows: List[Row] = []
+    for backend in args.backends.split(","):
+        rows += run_backend(backend, args, random.Random(f"{seed}/{backend}"), work, wanted)
+    elapsed = time.monotonic() - START
+    print()
+    print(table(rows))
+    print(f"\n{sum(r.trials for r in rows)} trials in {elapsed:.0f} s (seed {seed}; rerun with --seed {seed})")
+    failing = [r for r in rows if r.passes < r.trials or not r.trials]
+    for r in failing:
+        print(f"\nFAILED: {r.fault} [{r.backend}] {r.passes}/{r.trials}")
+        for what in r.failures[:10]:
+            print(f"  - {what}")
+        if len(r.failures) > 10:
+            print(f"  ... and {len(r.failures) - 10} more")
+    if args.keep or failing:
+        print(f"\nwork directory kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The fault benchmark in CI mode: every fault row must pass 100% on every installed backend."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import BACKENDS
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not BACKENDS, reason="neither torch nor jax is installed")
+def test_fault_benchmark_short_mode_passes_every_row():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--short", "--backends", ",".join(BACKENDS)],
+                         cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-12000:]
+    assert "FAILED" not in run.stdout, run.stdout[-12000:]
