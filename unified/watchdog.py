@@ -108,7 +108,8 @@ class Watchdog:
     def report(self, error: BaseException) -> None:
         """This process met ``error`` (a broken group): tell the others and stand down."""
         self._acknowledged = self.broken = True
-        self._post(f"failed/{self.rank}", f"{type(error).__name__}: {str(error).splitlines()[0][:500]}")
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        self._post(f"failed/{self.rank}", f"{type(error).__name__}: {first_line[:500]}")
 
     def _uncaught(self, kind, value, traceback) -> None:
         self._uncaught_seen = True
