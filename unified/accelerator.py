@@ -32,7 +32,8 @@ class Accelerator:
         project_dir: shortcut for ``ProjectConfiguration(project_dir=...)``.
         project_config: a `ProjectConfiguration` (checkpoint naming and retention).
         seed: seeds Python, NumPy and the framework (and the JAX key stream) on every process.
-        timeout: default seconds any collective waits for the other processes (1800).
+        timeout: default seconds any collective waits for the other processes (1800); also how
+            long a process's heartbeat may stay silent before the others treat it as lost.
 
     Example:
         >>> from unified import Accelerator
