@@ -133,6 +133,9 @@ class JaxBackend(Backend):
                 kwargs.update(coordinator_address=address, num_processes=int(env["UNIFIED_NUM_PROCESSES"]),
                               process_id=index)
                 kwargs["coordinator_bind_address"] = address  # not every interface
+                # The launcher gave every value: no cluster detection, whose SLURM reading would
+                # still restrict each process to the GPU numbered SLURM_LOCALID (jax >= 0.5).
+                kwargs["cluster_detection_method"] = "deactivate"
             self._external_service = env.get("UNIFIED_COORDINATOR_HOSTED") == "1"
             try:
                 with _no_service_here(self._external_service):

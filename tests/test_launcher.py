@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -76,3 +77,16 @@ def test_two_machines_on_loopback(backend):
     assert sorted(results) == [0, 1], outputs
     assert all(r["num"] == 2 and r["local"] == 0 and r["everyone"] == [0, 1] for r in results.values())
     assert 0 in _results(outputs[0]) and 1 in _results(outputs[1])
+
+
+@pytest.mark.skipif("jax" not in BACKENDS, reason="jax is not installed")
+def test_jax_launch_inside_a_slurm_job_uses_the_launcher_values():
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost", "SLURM_NODELIST": "localhost",
+             "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    run = subprocess.run([sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", "jax",
+                          str(ROOT / "tests" / "scripts" / "slurm_detection.py")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180, env={**os.environ, **slurm})
+    assert run.returncode == 0, run.stdout + run.stderr
+    results = _results(run.stdout)
+    assert sorted(results) == [0, 1], run.stdout
+    assert all(r["num"] == 2 and r["index"] == i and r["detections"] == [] for i, r in results.items()), results
