@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError, see
+from unified.errors import BarrierTimeout, DistributedError, first_line, see
 
 _PREFIX = "unified/"
 # Processes create their Accelerators in the same order, so numbering the backends of one
@@ -176,9 +176,8 @@ class JaxBackend(Backend):
 
     # -- control plane --------------------------------------------------------------------------
     def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> BarrierTimeout:
-        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
         return BarrierTimeout(key, timeout, missing, process_index=self.process_index,
-                              num_processes=self.num_processes, detail=f"jax coordination service: {first_line}")
+                              num_processes=self.num_processes, detail=f"jax coordination service: {first_line(err)}")
 
     def barrier(self, key: str, timeout: float) -> None:
         try:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError, see
+from unified.errors import BarrierTimeout, DistributedError, first_line, see
 
 # A wait that has not finished after this long publishes the process's arrival in the
 # rendezvous store, so that a timeout can name the processes that never arrived.
@@ -154,7 +154,7 @@ class TorchBackend(Backend):
             time.sleep(0.05)
         raise BarrierTimeout(
             key, timeout, missing or None, process_index=self.process_index,
-            num_processes=self.num_processes, detail=f"torch.distributed: {str(err).splitlines()[0]}",
+            num_processes=self.num_processes, detail=f"torch.distributed: {first_line(err)}",
         ) from err
 
     def _mark_broken(self) -> None:
@@ -331,10 +331,9 @@ class TorchBackend(Backend):
             if self.num_processes == 1 or isinstance(err, DistributedError) or not _is_communication_error(err):
                 raise
             self._mark_broken()
-            first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise DistributedError(
                 f"[process {self.process_index}/{self.num_processes}] {what} failed: a peer process died or "
-                f"disconnected (torch.distributed: {first_line}). Check the other processes' logs for an "
+                f"disconnected (torch.distributed: {first_line(err)}). Check the other processes' logs for an "
                 "earlier error." + see("distributederror")
             ) from err
 

@@ -339,7 +339,6 @@ class Accelerator:
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
                 "The following inputs are invalid:\n" + "\n".join(bad) + see("registration-error")
             )
-        backend = self._backend
         for obj in objects:
             self._track("custom_checkpoint", obj, obj.state_dict,
                         lambda state, o=obj: o.load_state_dict(state), managed=False)

@@ -19,6 +19,13 @@ __all__ = [
 TROUBLESHOOTING = "docs/troubleshooting.md"
 
 
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of ``error``'s message, or its type name when it has none;
+    what an error message quotes of the framework error that caused it."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def see(anchor: str) -> str:
     """The sentence appended to an error message that points to its troubleshooting section.
 

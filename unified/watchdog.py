@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Protocol
 
-from .errors import see
+from .errors import first_line, see
 
 __all__ = ["HealthChannel", "Watchdog"]
 
@@ -108,8 +108,7 @@ class Watchdog:
     def report(self, error: BaseException) -> None:
         """This process met ``error`` (a broken group): tell the others and stand down."""
         self._acknowledged = self.broken = True
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        self._post(f"failed/{self.rank}", f"{type(error).__name__}: {first_line[:500]}")
+        self._post(f"failed/{self.rank}", f"{type(error).__name__}: {first_line(error)[:500]}")
 
     def _uncaught(self, kind, value, traceback) -> None:
         self._uncaught_seen = True
