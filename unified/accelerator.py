@@ -403,11 +403,7 @@ class Accelerator:
             error = err
         # A collective after the join: the main process has committed when anyone returns, and
         # a failure on any process fails the call everywhere, with every process's reason.
-        mine = None if error is None else str(error) if isinstance(error, CheckpointError) else f"{type(error).__name__}: {error}"
-        reasons = self._collectives.all_gather_json(mine, "wait_for_checkpoint")
-        if error is not None:
-            raise error
-        failed = [(rank, reason) for rank, reason in enumerate(reasons) if reason]
+        failed = self._collectives.share_failure(error, "wait_for_checkpoint")
         if failed:  # the main process's reason already lists every process's report
             rank, reason = failed[0]
             raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"

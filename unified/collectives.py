@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from .backend import Backend
-from .errors import DistributedError, see
+from .errors import DistributedError, UnifiedError, see
 from .tree import flatten
 
 __all__ = ["Collectives"]
@@ -79,6 +79,15 @@ class Collectives:
         with self.watched():
             parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
         return [json.loads(p.decode()) for p in parts]
+
+    def share_failure(self, error: Optional[BaseException], operation: str) -> List[Tuple[int, str]]:
+        """Tell every process whether this one failed, in one exchange: re-raises this process's
+        own ``error``; otherwise returns ``(process index, reason)`` for each process that failed."""
+        reason = None if error is None else str(error) if isinstance(error, UnifiedError) else f"{type(error).__name__}: {error}"
+        reasons = self.all_gather_json(reason, operation)
+        if error is not None:
+            raise error
+        return [(rank, text) for rank, text in enumerate(reasons) if text]
 
     def broadcast_json(self, value: Any, src: int = 0, operation: str = "broadcast_object",
                        timeout: Optional[float] = None) -> Any:

@@ -228,6 +228,36 @@ def ckpt_explicit_dir(state: dict) -> dict:
             "files": sorted(os.listdir(target))}
 
 
+class _UnsaveableOnMain:
+    """A registered object whose state cannot be stored (without pickle) on the main process only."""
+
+    def __init__(self, acc: Accelerator) -> None:
+        self.acc = acc
+
+    def state_dict(self) -> dict:
+        return {"handle": object() if self.acc.is_main_process else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def ckpt_snapshot_failure(state: dict) -> dict:
+    """save_state fails while taking the main process's snapshot: every process raises
+    CheckpointError, the others with the main process's reason, and nothing is written."""
+    acc = Accelerator(timeout=60)
+    acc.register_for_checkpointing(_UnsaveableOnMain(acc))
+    target = _shared(f"snapshot_failure_{acc.num_processes}")
+    try:
+        acc.save_state(target)
+        outcome = {"raised": None}
+    except unified.CheckpointError as err:
+        outcome = {"raised": "CheckpointError", "message": str(err)}
+    acc.wait_for_everyone()
+    outcome["written"] = os.path.exists(target) or any(n.startswith(os.path.basename(target))
+                                                       for n in os.listdir(os.path.dirname(target)))
+    return outcome
+
+
 def ckpt_save_loop(state: dict) -> dict:
     """Save over and over (sync and async alternately) until the parent SIGKILLs the group.
 

@@ -30,12 +30,14 @@ def resumed(request, tmp_path_factory):
     shared = tmp_path_factory.mktemp(f"resume-{request.param}")
     first = _ok(run_group(request.param, 2, ["ckpt_first_run"], shared, extra_env=_env(shared)))
     second = _ok(run_group(request.param, 2, ["ckpt_resume_run"], shared, extra_env=_env(shared)))
-    explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir"], shared, extra_env=_env(shared)))
-    return request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"), explicit.scenario("ckpt_explicit_dir")
+    explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir", "ckpt_snapshot_failure"], shared,
+                             extra_env=_env(shared)))
+    return (request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"),
+            explicit.scenario("ckpt_explicit_dir"), explicit.scenario("ckpt_snapshot_failure"))
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
-    _, first, second, _ = resumed
+    _, first, second, _, _ = resumed
     for a, b in zip(first, second):
         assert b["hash_at_load"] == a["hashes"]["at_save"]
         assert b["final_hash"] == a["final_hash"]
@@ -43,14 +45,14 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
 
 
 def test_every_rng_resumes_where_it_was_saved(resumed):
-    _, first, second, _ = resumed
+    _, first, second, _, _ = resumed
     for rank, (a, b) in enumerate(zip(first, second)):
         assert b["draws"] == a["after_save_draws"], f"process {rank}"
     assert first[0]["after_save_draws"] != first[1]["after_save_draws"]  # per-process streams differ
 
 
 def test_automatic_naming_retention_and_iteration(resumed):
-    _, first, second, _ = resumed
+    _, first, second, _, _ = resumed
     main = first[0]
     assert main["saved"].endswith(os.path.join("checkpoints", "checkpoint_0"))
     assert [os.path.basename(p) for p in main["more"]] == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
@@ -65,11 +67,20 @@ def test_automatic_naming_retention_and_iteration(resumed):
 
 
 def test_saving_into_an_existing_directory_replaces_it_whole(resumed):
-    _, _, _, explicit = resumed
+    _, _, _, explicit, _ = resumed
     for r in explicit:
         assert r["hash_loaded"] == r["hash_second"]
         assert [s for s in r["siblings"] if s.startswith(".")] == []  # no temporaries left behind
         assert "manifest.json" in r["files"]
+
+
+def test_a_failed_snapshot_fails_save_state_everywhere_with_the_reason(resumed):
+    main, other = resumed[4]
+    assert main["raised"] == "CheckpointError" and "cannot save custom_checkpoint_0" in main["message"], main
+    assert other["raised"] == "CheckpointError", other
+    assert other["message"].startswith("save_state failed on another process before writing anything"), other
+    assert "process 0: " in other["message"] and "cannot save custom_checkpoint_0" in other["message"], other
+    assert not main["written"] and not other["written"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

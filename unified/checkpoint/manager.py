@@ -161,10 +161,10 @@ class CheckpointManager:
             snap = self.snapshot(iteration, copy)
         except (CheckpointError, TypeError, ValueError) as err:
             failure = err
-        if self.collectives.any_flag(failure is not None, "save_state (snapshot)"):
-            if failure is not None:
-                raise failure
-            raise CheckpointError("save_state failed on another process before writing anything; see its error"
+        failed = self.collectives.share_failure(failure, "save_state (snapshot)")
+        if failed:
+            raise CheckpointError("save_state failed on another process before writing anything: "
+                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
                                   + see("save-failed-before-writing"))
         return snap
 
@@ -277,12 +277,11 @@ class CheckpointManager:
         except (CheckpointError, OSError) as err:
             failure = err
         # Every process learns every failure, so each raises an error naming the bad file.
-        errors = self.collectives.all_gather_json(None if failure is None else str(failure), "load_state (verified)")
-        if failure is not None:
-            raise failure
-        others = [f"process {rank}: {e}" for rank, e in enumerate(errors) if e]
-        if others:
-            raise CheckpointError(f"{directory}: cannot be loaded; " + "; ".join(others) + see("another-process-could-not-load"))
+        failed = self.collectives.share_failure(failure, "load_state (verified)")
+        if failed:
+            raise CheckpointError(f"{directory}: cannot be loaded; "
+                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
+                                  + see("another-process-could-not-load"))
         if manifest.get("sharded"):
             states = self._with_sharded(directory, manifest, states)
         for entry in self.entries:
