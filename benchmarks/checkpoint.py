@@ -78,6 +78,22 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def _round_trip(save: Callable[[], Any], load: Callable[[], Any], mutate: Callable[[], None],
+                check: Callable[[], None]) -> Dict[str, float]:
+    """Time a save, change the live state, time the load, and check that the load undid the change."""
+    t_save = _timed(save)
+    mutate()
+    t_load = _timed(load)
+    check()
+    return {"save_state": t_save, "load_state": t_load}
+
+
+def _async_round(accelerator: Any, path: str) -> Dict[str, float]:
+    blocking = _timed(lambda: accelerator.save_state(path, async_save=True))
+    wait = _timed(accelerator.wait_for_checkpoint)
+    return {"async blocking": blocking, "async wait": wait, "async total": blocking + wait}
+
+
 def _disk_bytes(path: str) -> Dict[str, int]:
     """Apparent size and allocated bytes of every file under ``path``."""
     apparent = allocated = files = 0
@@ -245,23 +261,13 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
         assert torch.equal(optimizer.state[p]["exp_avg"], some_state), "load_state did not restore the optimizer"
 
     def run_ours(path: str) -> Dict[str, float]:
-        save = _timed(lambda: ours.save_state(path))
-        mutate()
-        load = _timed(lambda: ours.load_state(path))
-        check()
-        return {"save_state": save, "load_state": load}
+        return _round_trip(lambda: ours.save_state(path), lambda: ours.load_state(path), mutate, check)
 
     def run_accelerate(path: str) -> Dict[str, float]:
-        save = _timed(lambda: theirs.save_state(path))
-        mutate()
-        load = _timed(lambda: theirs.load_state(path))
-        check()
-        return {"save_state": save, "load_state": load}
+        return _round_trip(lambda: theirs.save_state(path), lambda: theirs.load_state(path), mutate, check)
 
     def run_async(path: str) -> Dict[str, float]:
-        blocking = _timed(lambda: ours.save_state(path, async_save=True))
-        wait = _timed(ours.wait_for_checkpoint)
-        return {"async blocking": blocking, "async wait": wait, "async total": blocking + wait}
+        return _async_round(ours, path)
 
     base = os.path.join(args.dir, "torch")
     os.makedirs(base, exist_ok=True)
@@ -332,11 +338,7 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     uncompressed = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
     def run_ours(path: str) -> Dict[str, float]:
-        save = _timed(lambda: ours.save_state(path))
-        mutate()
-        load = _timed(lambda: ours.load_state(path))
-        check()
-        return {"save_state": save, "load_state": load}
+        return _round_trip(lambda: ours.save_state(path), lambda: ours.load_state(path), mutate, check)
 
     def run_orbax(path: str) -> Dict[str, float]:
         def save() -> None:
@@ -350,11 +352,7 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
             nnx.update(model, restored["model"])
             nnx.update(optimizer, restored["optimizer"])
 
-        t_save = _timed(save)
-        mutate()
-        t_load = _timed(load)
-        check()
-        return {"save_state": t_save, "load_state": t_load}
+        return _round_trip(save, load, mutate, check)
 
     def run_orbax_uncompressed(path: str) -> Dict[str, float]:
         def save() -> None:
@@ -369,16 +367,10 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
             nnx.update(model, restored["model"])
             nnx.update(optimizer, restored["optimizer"])
 
-        t_save = _timed(save)
-        mutate()
-        t_load = _timed(load)
-        check()
-        return {"save_state": t_save, "load_state": t_load}
+        return _round_trip(save, load, mutate, check)
 
     def run_async(path: str) -> Dict[str, float]:
-        blocking = _timed(lambda: ours.save_state(path, async_save=True))
-        wait = _timed(ours.wait_for_checkpoint)
-        return {"async blocking": blocking, "async wait": wait, "async total": blocking + wait}
+        return _async_round(ours, path)
 
     base = os.path.join(args.dir, "jax")
     os.makedirs(base, exist_ok=True)
