@@ -318,6 +318,14 @@ class TorchBackend(Backend):
 
         return release
 
+    def watch_in_place_changes(self, arrays: Mapping[str, Any]) -> Any:
+        """Every in-place op on a tensor (``add_`` under ``no_grad``, ``copy_``, optimizer
+        steps) bumps its version counter, shared with the ``detach()``-ed views a state_dict
+        holds. Edits through ``.data`` or NumPy views are invisible to it (documented)."""
+        versions = [(name, tensor, tensor._version) for name, tensor in arrays.items()
+                    if tensor.device.type == "cpu" and tensor.is_contiguous()]  # others were copied on export
+        return lambda: [name for name, tensor, version in versions if tensor._version != version]
+
     def backward(self, loss: Any, **kwargs: Any) -> None:
         with self.peer_errors("backward() (the gradient all-reduce)"):
             loss.backward(**kwargs)

@@ -172,7 +172,7 @@ def _profile(accelerator: Any, directory: str, mutate: Callable[[], None], check
     phases["save: total (sum of the above)"] = time.perf_counter() - t0
     raws = [raw for arrays in snap.files.values() for (_, _, raw) in arrays.values()]
     phases["save: [info] xxh3 of the same bytes in memory"] = _timed(lambda: [xxhash.xxh3_64(memoryview(r)).digest() for r in raws])
-    phases["save: [info] snapshot(copy=True) (async blocking part)"] = _timed(lambda: manager.snapshot(0, copy=True))
+    phases["save: [info] snapshot(detach=True) (async blocking part)"] = _timed(lambda: manager.snapshot(0, detach=True))
     del snap, raws
 
     # load, as CheckpointManager.load / _read do it

@@ -372,10 +372,10 @@ class Accelerator:
         if not async_save:
             return manager.save(final, manager.safe_snapshot(iteration))
         # Where the backend can hold back the next in-place update until the files are written
-        # (torch: hooks before a prepared optimizer's step and a prepared model's forward), the
-        # snapshot needs no copy of the framework arrays.
+        # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
+        # detect the others (version counters), the snapshot needs no copy of the framework arrays.
         guarded = self._backend.can_guard_writes
-        snapshot = manager.safe_snapshot(iteration, copy=not guarded)
+        snapshot = manager.safe_snapshot(iteration, detach=True)
         if snapshot.sharded:  # Orbax's multi-process write is a collective: keep it in this thread
             return manager.save(final, snapshot)
         token, tmp = manager.begin(final)

@@ -126,6 +126,11 @@ class Backend:
         first; return a function that removes the guard."""
         raise NotImplementedError
 
+    def watch_in_place_changes(self, arrays: Mapping[str, Any]) -> Callable[[], List[str]]:
+        """Remember ``arrays`` (name -> array an async save writes from directly); the returned
+        function names those changed in place since (a save that saw one is not committed)."""
+        raise NotImplementedError
+
     def is_sharded(self, value: Any) -> bool:
         """True for an array whose parts live on several processes (saved by every process)."""
         return False

@@ -529,3 +529,94 @@ def data_iterable(state: dict) -> dict:
     resumed = [_rows(b) for b in fresh.skip_first_batches(again, 2)]
     return {"epoch0": epoch0, "skipped": skipped, "read_to_skip": read_to_skip, "first": first, "rest": rest,
             "resumed": resumed, "resumed_reads": again_stream.reads}
+
+
+# -- async saves and in-place edits (issue 11, finding 1) -------------------------------------------
+class LiveArray:
+    """A registered object whose ``state_dict`` hands out its live NumPy array (no copy)."""
+
+    def __init__(self) -> None:
+        self.values = np.arange(8, dtype=np.float64)
+
+    def state_dict(self) -> dict:
+        return {"values": self.values}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values[...] = state["values"]
+
+
+def _hold_writer(where: str):
+    """Make the next write of a background save stop at ``where`` ("file": before a file is
+    written, "chunk": after its first bytes were hashed, before they are written) until the
+    returned ``release()``; ``wait_reached()`` says whether the writer got there."""
+    import threading
+
+    from unified.checkpoint import safetensors_io
+
+    reached, go = threading.Event(), threading.Event()
+    name = {"file": "write", "chunk": "_pwrite_all"}[where]
+    original = getattr(safetensors_io, name)
+
+    def held(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread() and not reached.is_set():
+            reached.set()
+            go.wait(60)
+        return original(*args, **kwargs)
+
+    setattr(safetensors_io, name, held)
+
+    def release() -> None:
+        go.set()
+        setattr(safetensors_io, name, original)
+
+    return (lambda: reached.wait(30)), release
+
+
+def ckpt_async_edits(state: dict) -> dict:
+    """Edit saved state in place while an async save writes it (total_limit=1): every committed
+    checkpoint must load and hold the state of the save_state call; a save that cannot hold it
+    fails loudly and keeps the previous checkpoint."""
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=7, project_config=unified.ProjectConfiguration(
+        _shared("async_edits"), automatic_checkpoint_naming=True, total_limit=1))
+    state["acc"] = acc
+    run, live = make(acc), LiveArray()
+    acc.register_for_checkpointing(live)
+    run.step()
+    acc.save_state()
+    outcome = {}
+    previous = (run.param_hash(), live.values.tolist())
+
+    def which(observed, at_call, edited, part):
+        names = {"at_call": at_call[part], "previous": previous[part], "edited": edited[part]}
+        return next((name for name, value in names.items() if value == observed), "other")
+
+    for case, where, tracked in (("tracked_edit_before_write", "file", True),
+                                 ("untracked_edit_between_hash_and_write", "chunk", False)):
+        run.step()
+        live.values[0] += 1.0  # the registered object changes with every step too
+        at_call = (run.param_hash(), live.values.tolist())
+        reached, release = _hold_writer(where)
+        acc.save_state(async_save=True)
+        held = reached()
+        run.edit_in_place(1.0, tracked=tracked)
+        live.values += 100.0
+        edited = (run.param_hash(), live.values.tolist())
+        release()
+        try:
+            acc.wait_for_checkpoint()
+            raised = None
+        except unified.CheckpointError as err:
+            raised = str(err)
+        result = {"held": held, "raised": raised, "load_error": None}
+        try:
+            acc.load_state()
+            loaded = (run.param_hash(), live.values.tolist())
+            result.update(params=which(loaded[0], at_call, edited, 0), live=which(loaded[1], at_call, edited, 1))
+        except unified.CheckpointError as err:
+            result["load_error"] = str(err)
+        outcome[case] = result
+        previous = at_call if raised is None else previous
+        acc.wait_for_everyone()
+    return outcome

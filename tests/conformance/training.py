@@ -57,6 +57,13 @@ class TorchTraining:
     def draws(self) -> list:
         return [random.random(), float(np.random.rand()), float(self.torch.rand(1))]
 
+    def edit_in_place(self, delta: float, tracked: bool = True) -> None:
+        """Weight surgery: ``tracked`` in-place ops under no_grad (they bump the tensors'
+        version counters), else through ``.data`` (which does not)."""
+        with self.torch.no_grad():
+            for p in self.acc.unwrap_model(self.model).parameters():
+                (p if tracked else p.data).add_(delta)
+
     def param_hash(self) -> str:
         digest = hashlib.sha256()
         for tensor in self.acc.unwrap_model(self.model).state_dict().values():
@@ -112,6 +119,12 @@ class JaxTraining:
     def draws(self) -> list:
         key = self.acc.next_key()
         return [random.random(), float(np.random.rand()), float(self.jax.random.uniform(key))]
+
+    def edit_in_place(self, delta: float, tracked: bool = True) -> None:
+        """The same surgery in JAX: arrays are immutable, so each parameter is replaced."""
+        for _, param in self.nnx.iter_graph(self.model):
+            if isinstance(param, self.nnx.Param):
+                param.value = param.value + delta
 
     def param_hash(self) -> str:
         digest = hashlib.sha256()

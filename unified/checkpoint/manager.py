@@ -71,6 +71,10 @@ class Snapshot:
     # arrays sharded across processes, written by every process through the backend (Orbax)
     sharded: Dict[str, Any] = field(default_factory=dict)
     sharded_names: Dict[str, str] = field(default_factory=dict)
+    # True when files are written from live memory (torch async saves), which the writer must
+    # not read twice; `changed_in_place` then names the arrays edited in place since the snapshot.
+    live: bool = False
+    changed_in_place: Callable[[], List[str]] = lambda: []
 
 
 class CheckpointManager:
@@ -89,19 +93,28 @@ class CheckpointManager:
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
 
-    def _export(self, value: Any, copy: bool) -> safetensors_io.Exported:
+    def _export(self, value: Any, detach: bool, live: Dict[str, Any], name: str) -> safetensors_io.Exported:
+        """One array as (dtype, shape, bytes). ``detach``: the bytes must keep the state of this
+        moment while the training goes on (an async save): NumPy arrays and mutable framework
+        arrays are copied, except where the backend can watch in-place changes instead
+        (collected in ``live``); views of immutable arrays stay valid as they are."""
         if isinstance(value, np.ndarray):
             dtype, shape, raw = safetensors_io.export_numpy(value)
-        else:
-            dtype, shape, raw = self.backend.export_array(value)
-            copy = copy and not self.backend.immutable_arrays  # a view of an immutable array stays valid
-        return dtype, shape, (raw.copy() if copy else raw)
+            return dtype, shape, (raw.copy() if detach else raw)
+        dtype, shape, raw = self.backend.export_array(value)
+        if detach and not self.backend.immutable_arrays:
+            if self.backend.can_guard_writes:
+                live[name] = value
+            else:
+                raw = raw.copy()
+        return dtype, shape, raw
 
-    def snapshot(self, iteration: int, copy: bool = False) -> Snapshot:
-        """Everything this process must write, as host arrays. ``copy`` detaches them from the
-        live training state (async saves), at the cost of one memory copy."""
+    def snapshot(self, iteration: int, detach: bool = False) -> Snapshot:
+        """Everything this process must write, as host arrays. ``detach`` makes the snapshot
+        hold the state of this moment while training goes on (see `_export`)."""
         snap = Snapshot(iteration=iteration)
         main = self.backend.process_index == 0
+        live: Dict[str, Any] = {}
         for entry in self.entries:
             try:
                 structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
@@ -113,7 +126,7 @@ class CheckpointManager:
                     key = f"a{len(snap.sharded)}"
                     snap.sharded[key], snap.sharded_names[key] = value, name
                 elif main:
-                    whole[name] = self._export(value, copy)
+                    whole[name] = self._export(value, detach, live, name)
             if main:
                 snap.structures[entry.name] = structure
                 snap.files[f"{entry.name}.safetensors"] = whole
@@ -121,7 +134,9 @@ class CheckpointManager:
         rng = {"host": capture_host_rng(), "framework": self.backend.rng_state()}
         structure, arrays = codec.encode(rng, lambda x: False, f"rng_{rank}")
         snap.structures[f"rng_{rank}"] = structure
-        snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, copy) for k, v in arrays.items()}
+        snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, detach, live, k) for k, v in arrays.items()}
+        if live:
+            snap.live, snap.changed_in_place = True, self.backend.watch_in_place_changes(live)
         return snap
 
     # -- save ----------------------------------------------------------------------------------------
@@ -154,11 +169,11 @@ class CheckpointManager:
             )
         return target
 
-    def safe_snapshot(self, iteration: int, copy: bool = False) -> Snapshot:
+    def safe_snapshot(self, iteration: int, detach: bool = False) -> Snapshot:
         """`snapshot` on every process, failing on every process when it fails on any."""
         failure: Optional[BaseException] = None
         try:
-            snap = self.snapshot(iteration, copy)
+            snap = self.snapshot(iteration, detach)
         except (CheckpointError, TypeError, ValueError) as err:
             failure = err
         failed = self.collectives.share_failure(failure, "save_state (snapshot)")
@@ -178,7 +193,14 @@ class CheckpointManager:
         """Write this process's files; returns its report (or an ``error``), never raises OSError."""
         try:
             os.makedirs(tmp, exist_ok=True)
-            files = {name: safetensors_io.write(os.path.join(tmp, name), arrays) for name, arrays in snap.files.items()}
+            files = {name: safetensors_io.write(os.path.join(tmp, name), arrays, live=snap.live)
+                     for name, arrays in snap.files.items()}
+            changed = snap.changed_in_place()
+            if changed:  # the files may mix two moments: never commit them
+                return {"error": f"process {self.backend.process_index}: {', '.join(sorted(changed)[:5])}"
+                                 f"{' and more' if len(changed) > 5 else ''} changed in place while the asynchronous "
+                                 "save was writing them (an EMA update or weight edit before wait_for_checkpoint()?); "
+                                 "call accelerator.wait_for_checkpoint() before changing saved state in place"}
             report = {"files": files, "structures": snap.structures}
             if snap.sharded:  # a collective of its own: every process writes its shards
                 self.backend.save_sharded(os.path.join(tmp, SHARDED_DIR), snap.sharded)

@@ -11,8 +11,9 @@ import concurrent.futures
 import json
 import mmap
 import os
+import queue
 import struct
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 import xxhash
@@ -29,6 +30,8 @@ _DTYPES: Dict[str, str] = {
 _BY_NUMPY = {v: k for k, v in _DTYPES.items()}
 _CHUNK = 64 << 20
 _PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over threads
+_LIVE_CHUNK = 8 << 20  # bounce buffers of a write from memory that may change meanwhile...
+_LIVE_BUFFERS = 4      # ...and how many of them at most (32 MiB)
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -60,8 +63,14 @@ def export_numpy(array: np.ndarray) -> Exported:
     return safetensors_dtype(array.dtype), tuple(array.shape), array.reshape(-1).view(np.uint8)
 
 
-def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str] = ()) -> Dict[str, object]:
-    """Write ``arrays`` to ``path``; returns ``{"size": bytes, "xxh3": hex}``."""
+def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str] = (),
+          live: bool = False) -> Dict[str, object]:
+    """Write ``arrays`` to ``path``; returns ``{"size": bytes, "xxh3": hex}``.
+
+    ``live``: the arrays may change while they are written (an async save writing from the
+    training's own memory). Each chunk is then copied once into a small bounce buffer that is
+    both hashed and written, so the checksum always describes exactly the bytes in the file.
+    """
     header: Dict[str, object] = {}
     offset = 0
     for name, (dtype, shape, raw) in arrays.items():
@@ -74,16 +83,19 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     digest = xxhash.xxh3_64()
     prefix = struct.pack("<Q", len(blob)) + blob
     digest.update(prefix)
+    chunk_size = _LIVE_CHUNK if live else _CHUNK
     chunks, position = [], len(prefix)
     for _, _, raw in arrays.values():
         view = memoryview(raw)
-        for start in range(0, len(view), _CHUNK):
-            chunks.append((position + start, view[start:start + _CHUNK]))
+        for start in range(0, len(view), chunk_size):
+            chunks.append((position + start, view[start:start + chunk_size]))
         position += len(view)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.pwrite(fd, prefix, 0)
-        if position - len(prefix) < _PARALLEL_FROM:
+        if live:
+            _write_through_bounce_buffers(fd, chunks, digest)
+        elif position - len(prefix) < _PARALLEL_FROM:
             for at, chunk in chunks:
                 digest.update(chunk)
                 _pwrite_all(fd, chunk, at)
@@ -98,6 +110,32 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     finally:
         os.close(fd)
     return {"size": position, "xxh3": digest.hexdigest()}
+
+
+def _write_through_bounce_buffers(fd: int, chunks: Sequence[Tuple[int, memoryview]], digest: Any) -> None:
+    """Copy each chunk into a free buffer, hash the buffer in order, and write it from a pool
+    of two writers; a buffer is reused once its write finished (at most _LIVE_BUFFERS live)."""
+    free: "queue.Queue[bytearray]" = queue.Queue()
+    largest = max((len(chunk) for _, chunk in chunks), default=0)
+    for _ in range(min(_LIVE_BUFFERS, len(chunks))):
+        free.put(bytearray(largest))
+
+    def write_and_free(buffer: bytearray, data: memoryview, at: int) -> None:
+        try:
+            _pwrite_all(fd, data, at)
+        finally:
+            free.put(buffer)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = []
+        for at, chunk in chunks:
+            buffer = free.get()
+            data = memoryview(buffer)[:len(chunk)]
+            data[:] = chunk
+            digest.update(data)
+            futures.append(pool.submit(write_and_free, buffer, data, at))
+        for future in futures:
+            future.result()
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
