@@ -53,7 +53,7 @@ def state_hash(acc: Accelerator, skip_loaders: bool = False) -> str:
         structure, arrays = codec.encode(entry.get_state(), manager.backend.is_array, entry.name)
         digest.update(json.dumps([entry.name, structure], sort_keys=True).encode())
         for name in sorted(arrays):
-            dtype, shape, raw = manager._export(arrays[name], copy=False)
+            dtype, shape, raw = manager._export(arrays[name], False, {}, name)
             digest.update(f"{name}{dtype}{list(shape)}".encode())
             digest.update(raw.tobytes())
     return digest.hexdigest()
