@@ -292,10 +292,10 @@ def fault_enospc(state: dict) -> dict:
         run.step()
         calls = {"n": 0}
 
-        def full_disk(path, arrays, metadata=()):
+        def full_disk(path, arrays, metadata=(), **options):
             calls["n"] += 1
             if calls["n"] > 1:
-                return real_write(path, arrays, metadata)
+                return real_write(path, arrays, metadata, **options)
             with open(path, "wb") as handle:  # a partly written file, as a full disk leaves
                 handle.write(b"\0" * 16)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
