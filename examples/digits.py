@@ -86,7 +86,9 @@ train_loader = DataLoader(Rows(data["x_train"], data["y_train"]), batch_size=arg
 # The whole test set in one global batch; the uneven end is padded with repeats (sliced off below).
 test_loader = DataLoader(Rows(data["x_test"], data["y_test"]), batch_size=-(-len(data["x_test"]) // world))
 
-if accelerator.backend == "torch":
+
+def torch_setup(train_loader, test_loader):
+    """torch: an MLP under DDP, prepared with its optimizer and loaders."""
     import torch
 
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(),
@@ -107,7 +109,12 @@ if accelerator.backend == "torch":
     @torch.no_grad()
     def correct(x, y):
         return (model(x).argmax(dim=1) == y).float()
-else:
+
+    return model, train_loader, test_loader, train_step, correct
+
+
+def jax_setup(train_loader, test_loader):
+    """Flax NNX: an MLP replicated on the mesh, prepared with its optimizer and loaders."""
     import optax
     from flax import nnx
 
@@ -137,6 +144,12 @@ else:
     def correct(x, y):
         return jit_correct(model, x, y)
 
+    return model, train_loader, test_loader, train_step, correct
+
+
+# One framework-specific setup per backend, chosen once; everything below is shared.
+model, train_loader, test_loader, train_step, correct = {"torch": torch_setup, "jax": jax_setup}[accelerator.backend](
+    train_loader, test_loader)
 
 def test_accuracy():
     """Accuracy on the whole test set: each process scores its rows, `gather` joins them."""

@@ -48,7 +48,9 @@ with accelerator.main_process_first():
 per = ROWS // world  # each process trains on its own contiguous shard
 x_local, y_local = data["x"][rank * per:(rank + 1) * per], data["y"][rank * per:(rank + 1) * per]
 
-if accelerator.backend == "torch":
+
+def torch_setup():
+    """torch: a linear model under DDP; returns (model, train_step, load_weights)."""
     import torch
 
     device = accelerator.device
@@ -69,7 +71,12 @@ if accelerator.backend == "torch":
         fresh.load_state_dict({k: torch.from_numpy(v) for k, v in load_file(path).items()})
         with torch.no_grad():
             return torch.nn.functional.mse_loss(fresh(xt), yt).item()
-else:
+
+    return model, train_step, load_weights
+
+
+def jax_setup():
+    """Flax NNX: a linear model replicated on the mesh; returns (model, train_step, load_weights)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -104,6 +111,13 @@ else:
         return float(jnp.mean((fresh(jnp.asarray(x_local)) - y_local) ** 2))
 
 # 4. Early stopping: any process may fire the trigger; all processes stop at the same step.
+
+    return model, train_step, load_weights
+
+
+# One framework-specific setup per backend, chosen once; everything below is shared.
+model, train_step, load_weights = {"torch": torch_setup, "jax": jax_setup}[accelerator.backend]()
+
 stop_step, loss = None, float("nan")
 for step_index in range(1, args.max_steps + 1):
     loss = train_step()

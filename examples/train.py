@@ -77,7 +77,8 @@ def local_rows(step):
     return rows[rank * per:(rank + 1) * per]
 
 
-if accelerator.backend == "torch":
+def torch_setup():
+    """The torch model, optimizer and scheduler, prepared; returns (model, train_step)."""
     import torch
 
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(),
@@ -95,17 +96,22 @@ if accelerator.backend == "torch":
         optimizer.step()
         scheduler.step()
         return loss.item()
-else:
+
+    return model, train_step
+
+
+def jax_setup():
+    """The Flax NNX model and optax optimizer, prepared; returns (model, train_step)."""
     import jax
     import optax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    ROWS_SHARDING = NamedSharding(accelerator.mesh, PartitionSpec("data"))
+    rows_sharding = NamedSharding(accelerator.mesh, PartitionSpec("data"))
 
     def _global_batch(local):
         """The global batch array from this process's rows (the JAX rule after `prepare`)."""
-        return jax.make_array_from_process_local_data(ROWS_SHARDING, local)
+        return jax.make_array_from_process_local_data(rows_sharding, local)
 
     rngs = nnx.Rngs(args.seed)
     model = nnx.Sequential(nnx.Linear(FEATURES, HIDDEN, rngs=rngs), jax.nn.tanh,
@@ -118,7 +124,7 @@ else:
     @nnx.jit
     def jit_step(model, optimizer, x, y):
         def loss_fn(m):
-            err = jax.lax.with_sharding_constraint((m(x) - y) ** 2, ROWS_SHARDING)
+            err = jax.lax.with_sharding_constraint((m(x) - y) ** 2, rows_sharding)
             return err.mean(), err  # the global mean: gradients cover every process's rows
         (_, err), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
@@ -127,6 +133,12 @@ else:
     def train_step(rows):
         err = jit_step(model, optimizer, _global_batch(data_x[rows]), _global_batch(data_y[rows]))
         return float(np.mean(np.concatenate([np.asarray(s.data) for s in err.addressable_shards])))
+
+    return model, train_step
+
+
+# One framework-specific setup per backend, chosen once; everything below is shared.
+model, train_step = {"torch": torch_setup, "jax": jax_setup}[accelerator.backend]()
 
 if args.resume:
     path = accelerator.load_state()  # the newest checkpoint under project_dir/checkpoints

@@ -1,8 +1,10 @@
-import importlib.util
-
 import pytest
 
-BACKENDS = [b for b in ("torch", "jax") if importlib.util.find_spec(b) is not None]
+from unified.registry import available_backends
+
+# Every registered backend whose framework is installed: the built-in ones, and any registered
+# through the `unified.backends` entry-point group.
+BACKENDS = available_backends()
 
 
 def pytest_collection_modifyitems(config, items):

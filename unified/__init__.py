@@ -9,11 +9,13 @@ Example:
     >>> accelerator.print("process", accelerator.process_index, "of", accelerator.num_processes)
 """
 from .accelerator import Accelerator
-from .backend import Backend, available_backends
+from .backend import Backend
+from .registry import available_backends
 from .config import DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
-from .log import get_logger, tqdm
-from .errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, UnifiedError
+from .logging import get_logger, tqdm
+from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
+                     UnifiedError)
 from . import utils
 
 __version__ = "0.1.0"
@@ -27,6 +29,7 @@ __all__ = [
     "DataLoader",
     "DistributedError",
     "DistributedType",
+    "MissingCapability",
     "ProjectConfiguration",
     "UnifiedError",
     "available_backends",

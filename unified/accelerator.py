@@ -6,7 +6,7 @@ import functools
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
-from .backend import Backend, create_backend, resolve_backend_name
+from .backend import Autograd, Backend, DeviceMesh, KeyStream, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
 from .config import DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
@@ -14,6 +14,7 @@ from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
+from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .watchdog import Watchdog
 
@@ -127,13 +128,15 @@ class Accelerator:
 
     @property
     def mesh(self) -> Any:
-        """The ``jax.sharding.Mesh`` over every device of the group, one axis named ``"data"``.
+        """The device mesh over every device of the group (JAX: a ``jax.sharding.Mesh`` with one
+        axis named ``"data"``).
 
-        JAX backend only: it is the mesh `prepare` replicates models and optimizers on and
-        prepared loaders shard batches over, so shardings built on it match the backend's.
+        It is the mesh `prepare` places models and optimizers on and prepared loaders shard
+        batches over, so shardings built on it match the backend's.
 
         Raises:
-            NotImplementedError: on a backend without a mesh (torch).
+            unified.MissingCapability: on a backend without a device mesh (torch); it is also an
+                ``AttributeError``, so ``hasattr(accelerator, "mesh")`` is False there.
 
         Example:
             >>> from jax.sharding import NamedSharding, PartitionSpec
@@ -141,12 +144,7 @@ class Accelerator:
             >>> accelerator.mesh.axis_names
             ('data',)
         """
-        if getattr(type(self._backend), "mesh", None) is None:
-            raise NotImplementedError(
-                f"mesh is the JAX device mesh; the {self.backend!r} backend has none: torch places "
-                "data with accelerator.device and DistributedDataParallel" + see("mesh-torch")
-            )
-        return self._backend.mesh
+        return require(self._backend, DeviceMesh, "accelerator.mesh").mesh
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -300,7 +298,7 @@ class Accelerator:
         if loader is not None:
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict)
             return loader
-        result = self._backend.prepare(obj)
+        result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None
         if result is None:
             raise TypeError(
                 f"prepare() argument {position} is a {type(obj).__module__}.{type(obj).__qualname__}, which the "
@@ -374,7 +372,7 @@ class Accelerator:
         # Where the backend can hold back the next in-place update until the files are written
         # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
         # detect the others (version counters), the snapshot needs no copy of the framework arrays.
-        guarded = self._backend.can_guard_writes
+        guarded = isinstance(self._backend, WriteGuards)
         snapshot = manager.safe_snapshot(iteration, detach=True)
         if snapshot.sharded:  # Orbax's multi-process write is a collective: keep it in this thread
             return manager.save(final, snapshot)
@@ -448,7 +446,7 @@ class Accelerator:
         Example:
             >>> accelerator.unwrap_model(model).state_dict()
         """
-        return self._backend.unwrap_model(model)
+        return self._backend.unwrap_model(model) if isinstance(self._backend, TrainingObjects) else model
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """``loss.backward()`` (torch). JAX computes gradients inside the jitted step instead.
@@ -457,7 +455,7 @@ class Accelerator:
             >>> accelerator.backward(loss)
         """
         with self._collectives.watched():
-            self._backend.backward(loss, **kwargs)
+            require(self._backend, Autograd, "accelerator.backward()").backward(loss, **kwargs)
 
     def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
         """Write the model's weights as ``model.safetensors`` (main process only; not a collective,
@@ -471,7 +469,7 @@ class Accelerator:
         path = os.path.join(os.fspath(save_directory), "model.safetensors")
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
-            save_arrays(path, self._backend, self._backend.state_of("model", model))
+            save_arrays(path, self._backend, require(self._backend, TrainingObjects, "save_model()").state_of("model", model))
         return path
 
     def next_key(self) -> Any:
@@ -481,7 +479,7 @@ class Accelerator:
         Example:
             >>> dropout_key = accelerator.next_key()
         """
-        return self._backend.next_key()
+        return require(self._backend, KeyStream, "accelerator.next_key()").next_key()
 
     # -- the end ------------------------------------------------------------------------------
     def end_training(self) -> None:

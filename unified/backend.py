@@ -1,74 +1,91 @@
-"""The Backend interface and the one place that maps a backend name to its class.
+"""What a framework must provide (`Backend`) and what it may opt into (capabilities).
 
-A backend supplies primitives only: identity, start/stop, a barrier with a timeout, an
-any-process flag, all-gather and broadcast of bytes, array collectives, the framework's RNG
-state and array conversion. Everything built from them (main-process-first, triggers,
-checkpoints, data positions, messages) lives once in `unified/`.
+`Backend` is a small abstract core: identity, lifecycle, the timed control plane, array
+import/export and the framework's global RNG. Everything built from them (main-process-first,
+triggers, checkpoints, data positions, messages) lives once in `unified/`. A backend that
+forgets a required method fails when it is constructed, with the method's name.
 
-Adding a framework means writing one module in `backends/` and adding one line to
-`_REGISTRY` below.
+Optional abilities are separate small interfaces that a backend class also inherits; shared
+code asks ``isinstance(backend, Capability)`` and gives a precise error where one is missing:
+
+=====================  ===========================================================
+`TrainingObjects`      prepare models / optimizers / schedulers, save and restore them
+`Autograd`             ``accelerator.backward(loss)``
+`KeyStream`            ``accelerator.next_key()``, a counter-based random key stream
+`DeviceMesh`           ``accelerator.mesh``
+`ArrayCollectives`     native gather / reduce / broadcast of framework arrays
+`ShardedArrays`        arrays split across processes, written by every process
+`WriteGuards`          async saves straight from live memory
+`ForeignLoaders`       preparing another library's data loader (e.g. a torch DataLoader)
+=====================  ===========================================================
+
+A backend is found by name through `unified.registry`; see ``docs/adding-a-backend.md``.
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
-import os
+import abc
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import BackendUnavailable, see
+from .errors import MissingCapability, see
 
-__all__ = ["Backend", "available_backends", "resolve_backend_name", "create_backend"]
+# An exported array: (safetensors dtype name, shape, contiguous uint8 NumPy view of its bytes)
+Exported = Tuple[str, Tuple[int, ...], Any]
 
-@dataclasses.dataclass(frozen=True)
-class BackendSpec:
-    """How to find, install and launch one backend."""
+__all__ = [
+    "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
+    "ShardedArrays", "WriteGuards", "ForeignLoaders", "CAPABILITIES",
+]
 
-    target: str                     # "module:Class" of the Backend subclass
-    framework: str                  # module that must be importable
-    extra: str                      # pip extra that installs it
-    launcher: str = "env"           # "torchrun", or "env": `unified launch` sets UNIFIED_* variables
-    service: Optional[str] = None   # module run once per job beside the workers ("env" launcher)
-
-
-# The one place that maps a backend name to its code.
-_REGISTRY: Dict[str, BackendSpec] = {
-    "torch": BackendSpec("backends.torch_backend:TorchBackend", "torch", "torch", launcher="torchrun"),
-    "jax": BackendSpec("backends.jax_backend:JaxBackend", "jax", "jax", service="backends.jax_coordinator"),
-}
-DEFAULT_BACKEND = "torch"
-
-
-class Backend:
-    """Primitives a framework must provide. Subclass it in `backends/<framework>_backend.py`.
+class Backend(abc.ABC):
+    """The primitives every framework provides. Subclass it (and any capabilities) in
+    ``backends/<framework>/core.py``.
 
     Collectives take a ``key`` (unique per call and identical on every process, made by the
     Accelerator) and a ``timeout`` in seconds; they raise `unified.BarrierTimeout` when a peer
     does not arrive or died, and never block forever. With one process they return at once.
+
+    Example:
+        >>> class MyBackend(Backend):          # doctest: +SKIP
+        ...     name = "mine"
+        ...     def barrier(self, key, timeout): ...
+        >>> MyBackend()                         # doctest: +SKIP
+        TypeError: Can't instantiate abstract class MyBackend ... 'all_gather_bytes', ...
     """
 
     name: str = "base"
-    distributed_type: str = "NO"
-    # True when the framework never changes an array in place (JAX): an async save may then
-    # write from views of the live arrays instead of copying them first.
+    # Accelerate's `distributed_type` value while several processes run (one process: "NO").
+    group_distributed_type: str = "MULTI_CPU"
+    # True when the framework never changes an array in place: an async save may then write
+    # from views of the live arrays instead of copying them first.
     immutable_arrays: bool = False
-    # True when `guard_writes` can hold back in-place updates of prepared objects.
-    can_guard_writes: bool = False
 
-    # -- identity -------------------------------------------------------------------------
+    # -- identity (set by `start`) ---------------------------------------------------------
     process_index: int = 0
     local_process_index: int = 0
     num_processes: int = 1
     local_num_processes: int = 1
 
-    @property
-    def device(self) -> Any:
-        raise NotImplementedError
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Backend":
+        from .registry import check_backend_class
 
-    # -- lifecycle ------------------------------------------------------------------------
+        check_backend_class(cls)  # our message, naming every missing method, before ABC's
+        return super().__new__(cls)
+
+    @property
+    def distributed_type(self) -> str:
+        return self.group_distributed_type if self.num_processes > 1 else "NO"
+
+    @property
+    @abc.abstractmethod
+    def device(self) -> Any:
+        """This process's default device, in the framework's own type."""
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @abc.abstractmethod
     def start(self, timeout: float) -> None:
         """Join the process group described by the environment, or stay a single process."""
 
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Leave the process group; must not hang when peers already left or died."""
 
@@ -78,179 +95,182 @@ class Backend:
         every process when the group broke; ``None`` to run without one."""
         return None
 
-    # -- control plane (small, timed) ---------------------------------------------------------
+    # -- control plane (small, timed) -----------------------------------------------------
+    @abc.abstractmethod
     def barrier(self, key: str, timeout: float) -> None:
-        raise NotImplementedError
+        """Return once every process called it with ``key``."""
 
+    @abc.abstractmethod
     def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
         """True on every process if ``flag`` is true on any process."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
         """Every process's ``data``, in process order, on every process."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
-        raise NotImplementedError
+        """Process ``src``'s ``data`` on every process."""
 
-    # -- data plane (framework arrays) ------------------------------------------------------
+    # -- arrays -----------------------------------------------------------------------------
+    @abc.abstractmethod
     def is_array(self, value: Any) -> bool:
-        raise NotImplementedError
+        """True for this framework's array type."""
 
-    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
-        """Concatenate each array along axis 0 over processes, in process order."""
-        raise NotImplementedError
-
-    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
-        """Element-wise ``"sum"`` over processes (the caller derives ``"mean"``)."""
-        raise NotImplementedError
-
-    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def to_numpy(self, value: Any) -> Any:
         """A host NumPy copy of one of this framework's arrays."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def from_numpy(self, value: Any, like: Any = None) -> Any:
         """This framework's array from NumPy (placed like ``like`` when given)."""
-        raise NotImplementedError
 
-    def export_array(self, value: Any) -> Tuple[str, Tuple[int, ...], Any]:
+    @abc.abstractmethod
+    def export_array(self, value: Any) -> Exported:
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
-        raise NotImplementedError
-
-    def guard_writes(self, prepared: Sequence[Tuple[str, Any]], wait: Callable[[], None]) -> Callable[[], None]:
-        """Make the next in-place update of the prepared ``(kind, object)`` pairs call ``wait``
-        first; return a function that removes the guard."""
-        raise NotImplementedError
-
-    def watch_in_place_changes(self, arrays: Mapping[str, Any]) -> Callable[[], List[str]]:
-        """Remember ``arrays`` (name -> array an async save writes from directly); the returned
-        function names those changed in place since (a save that saw one is not committed)."""
-        raise NotImplementedError
-
-    def is_sharded(self, value: Any) -> bool:
-        """True for an array whose parts live on several processes (saved by every process)."""
-        return False
-
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
-        """Write ``arrays`` (sharded across processes) into ``directory``; every process calls it."""
-        raise NotImplementedError
-
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective."""
-        raise NotImplementedError
-
-    # -- training objects ---------------------------------------------------------------------
-    def prepare(self, obj: Any) -> Optional[Tuple[str, Any]]:
-        """``(kind, prepared)`` for a framework object (kind: ``"model"``, ``"optimizer"``,
-        ``"scheduler"``, ``"scaler"``), or ``None`` when the object is not this framework's."""
-        return None
-
-    def unwrap_model(self, model: Any) -> Any:
-        return model
-
-    def state_of(self, kind: str, obj: Any) -> Any:
-        """The object's state as a tree of arrays and plain values (see `unified.checkpoint.codec`)."""
-        return obj.state_dict()
-
-    def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
-        """Restore ``state`` (a tree whose arrays are NumPy) into ``obj`` in place."""
-        raise NotImplementedError
-
-    def backward(self, loss: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            f"backward() does not apply to the {self.name!r} backend: compute gradients inside your "
-            "train step (e.g. nnx.value_and_grad) and apply them with the optimizer." + see("backward-jax")
-        )
-
-    def next_key(self) -> Any:
-        raise NotImplementedError(
-            f"next_key() is the JAX key stream; the {self.name!r} backend seeds its global generators "
-            "from Accelerator(seed=...) instead (use torch.Generator for explicit streams)." + see("next-key-torch")
-        )
-
-    # -- data --------------------------------------------------------------------------------------
-    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
-        """The prepared form of this framework's own data loader type, or ``None``."""
-        return None
 
     def place_batch(self, batch: Any) -> Any:
         """This process's rows of a global batch (NumPy leaves) as this framework's arrays."""
-        raise NotImplementedError
+        from .tree import flatten
 
-    # -- framework RNG ------------------------------------------------------------------------
+        leaves, rebuild = flatten(batch, lambda x: not isinstance(x, (dict, list, tuple)))
+        return rebuild([self.from_numpy(leaf) if hasattr(leaf, "__array_interface__") else leaf for leaf in leaves])
+
+    # -- the framework's global random generators --------------------------------------------
+    @abc.abstractmethod
     def seed(self, seed: int) -> None:
-        """Seed the framework's global generators (Python and NumPy are seeded by `unified`)."""
+        """Seed the framework's generators (Python and NumPy are seeded by `unified`)."""
 
+    @abc.abstractmethod
     def rng_state(self) -> Dict[str, Any]:
-        """The framework's global generator states as NumPy arrays, by name."""
-        return {}
+        """The framework's generator states as NumPy arrays, by name (``{}`` if it has none)."""
 
+    @abc.abstractmethod
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        """Restore what `rng_state` returned; raise when a generator is missing."""
+        """Restore what `rng_state` returned (the caller checks that every name is present)."""
 
 
-def available_backends() -> List[str]:
-    """Names of the registered backends whose framework is installed.
+# -- capabilities ------------------------------------------------------------------------------
+class TrainingObjects(abc.ABC):
+    """Models, optimizers, schedulers and scalers that `prepare` wraps and checkpoints restore."""
 
-    Example:
-        >>> import unified
-        >>> unified.available_backends()   # doctest: +SKIP
-        ['torch', 'jax']
-    """
-    return [name for name, spec in _REGISTRY.items() if _installed(spec.framework)]
+    @abc.abstractmethod
+    def prepare(self, obj: Any) -> Optional[Tuple[str, Any]]:
+        """``(kind, prepared)`` for one of the framework's objects (kind: ``"model"``,
+        ``"optimizer"``, ``"scheduler"``, ``"scaler"``), or ``None`` when it is not one."""
 
+    @abc.abstractmethod
+    def state_of(self, kind: str, obj: Any) -> Any:
+        """The object's state as a tree of arrays and plain values (see `unified.checkpoint.codec`)."""
 
-def backend_names() -> List[str]:
-    """Every registered backend name, installed or not."""
-    return list(_REGISTRY)
+    @abc.abstractmethod
+    def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
+        """Restore ``state`` (a tree whose arrays are read-only NumPy views) into ``obj`` in place."""
 
-
-def backend_spec(name: str) -> BackendSpec:
-    return _REGISTRY[name]
-
-
-def _installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    def unwrap_model(self, model: Any) -> Any:
+        """The user's model without the backend's wrappers."""
+        return model
 
 
-def resolve_backend_name(requested: Optional[str] = None) -> str:
-    """Pick the backend: argument, then ``UNIFIED_BACKEND``, then the launcher's choice, then the
-    only framework installed, then torch."""
-    for source, value in (
-        ("backend=", requested),
-        ("UNIFIED_BACKEND", os.environ.get("UNIFIED_BACKEND")),
-        ("the launcher (UNIFIED_LAUNCHER_BACKEND)", os.environ.get("UNIFIED_LAUNCHER_BACKEND")),
-    ):
-        if value:
-            name = value.strip().lower()
-            if name not in _REGISTRY:
-                choices = ", ".join(repr(n) for n in _REGISTRY)
-                raise ValueError(
-                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}." + see("invalid-backend")
-                )
-            return name
-    installed = available_backends()
-    if len(installed) == 1:
-        return installed[0]
-    if not installed:
-        raise BackendUnavailable(
-            "No supported framework is installed. Install one: pip install 'unified[torch]' "
-            "or pip install 'unified[jax]'." + see("no-framework")
-        )
-    return DEFAULT_BACKEND
+class Autograd(abc.ABC):
+    """Gradients computed by calling ``backward`` on a loss (``accelerator.backward``)."""
+
+    @abc.abstractmethod
+    def backward(self, loss: Any, **kwargs: Any) -> None: ...
 
 
-def create_backend(name: str) -> Backend:
-    """Instantiate the backend registered under ``name`` (importing its framework now)."""
-    spec = _REGISTRY[name]
-    if not _installed(spec.framework):
-        raise BackendUnavailable(
-            f"The {name!r} backend needs {spec.framework}, which is not installed. "
-            f"Install it with: pip install 'unified[{spec.extra}]'" + see("backend-not-installed")
-        )
-    module_name, class_name = spec.target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+class KeyStream(abc.ABC):
+    """A random key stream seeded by ``Accelerator(seed=...)`` (``accelerator.next_key()``); its
+    position is part of `Backend.rng_state`."""
+
+    @abc.abstractmethod
+    def next_key(self) -> Any: ...
+
+
+class DeviceMesh(abc.ABC):
+    """A device mesh over every process's devices (``accelerator.mesh``)."""
+
+    @property
+    @abc.abstractmethod
+    def mesh(self) -> Any: ...
+
+
+class ArrayCollectives(abc.ABC):
+    """Native collectives on framework arrays. Without them, `unified.collectives` moves arrays
+    as bytes through the control plane (correct, slower for large arrays)."""
+
+    @abc.abstractmethod
+    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
+        """Concatenate each array along axis 0 over processes, in process order."""
+
+    @abc.abstractmethod
+    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
+        """Element-wise ``"sum"`` over processes (the caller derives ``"mean"``)."""
+
+    @abc.abstractmethod
+    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
+        """Process ``src``'s arrays on every process."""
+
+
+class ShardedArrays(abc.ABC):
+    """Arrays whose parts live on several processes: every process writes its own part into
+    ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest."""
+
+    sharded_format: str = "sharded"
+
+    @abc.abstractmethod
+    def is_sharded(self, value: Any) -> bool: ...
+
+    @abc.abstractmethod
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None: ...
+
+    @abc.abstractmethod
+    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective."""
+
+
+class WriteGuards(abc.ABC):
+    """An async save may write straight from live memory: the backend holds back in-place
+    updates of prepared objects until the files are written, and detects the others."""
+
+    @abc.abstractmethod
+    def guard_writes(self, prepared: Sequence[Tuple[str, Any]], wait: Callable[[], None]) -> Callable[[], None]:
+        """Make the next in-place update of the prepared ``(kind, object)`` pairs call ``wait``
+        first; return a function that removes the guard."""
+
+    @abc.abstractmethod
+    def watch_in_place_changes(self, arrays: Mapping[str, Any]) -> Callable[[], List[str]]:
+        """Remember ``arrays`` (name -> array an async save writes from directly); the returned
+        function names those changed in place since (a save that saw one is not committed)."""
+
+
+class ForeignLoaders(abc.ABC):
+    """Preparing data loaders of another library (e.g. a torch DataLoader) for this backend."""
+
+    @abc.abstractmethod
+    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
+        """The prepared form of ``loader``, or ``None`` when it is not a loader this adapts."""
+
+
+CAPABILITIES = (TrainingObjects, Autograd, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays,
+                WriteGuards, ForeignLoaders)
+
+
+def capabilities_of(backend: Backend) -> List[str]:
+    """Names of the capabilities ``backend`` has (for reports and errors)."""
+    return [c.__name__ for c in CAPABILITIES if isinstance(backend, c)]
+
+
+def require(backend: Backend, capability: type, what: str) -> Any:
+    """``backend`` when it has ``capability``; otherwise an error naming what is missing. The
+    error is both `NotImplementedError` and `AttributeError`, so ``hasattr`` stays False."""
+    if isinstance(backend, capability):
+        return backend
+    summary = " ".join((capability.__doc__ or "").split()).split(". ")[0].rstrip(".")
+    raise MissingCapability(
+        f"{what} needs a backend with {capability.__name__} ({summary}); the {backend.name!r} backend "
+        f"does not have it. It has: {', '.join(capabilities_of(backend)) or 'no optional capability'}."
+        + see("missing-capability")
+    )
+

@@ -17,7 +17,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "launch":
         return launch_module.launch(args)
-    from .env import report
+    from .report import report
 
     print(report())
     return 0

@@ -10,11 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import numbers
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .backend import Backend
+from .backend import ArrayCollectives, Backend
+from .checkpoint.safetensors_io import export_numpy, numpy_dtype
 from .errors import DistributedError, UnifiedError, see
 from .tree import flatten
 
@@ -30,6 +31,7 @@ class Collectives:
         if not self.timeout > 0:
             raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}." + see("invalid-timeout"))
         self._calls = 0
+        self.arrays: ArrayCollectives = backend if isinstance(backend, ArrayCollectives) else ArraysAsBytes(backend)
         # Told about every DistributedError a backend primitive raised (the watchdog's report).
         self.on_broken: Callable[[BaseException], None] = lambda error: None
 
@@ -149,7 +151,7 @@ class Collectives:
         if self.single:
             return rebuild([a if a.ndim else a.reshape(1) for a in arrays])
         with self.watched():
-            return rebuild(self.backend.all_gather_arrays(arrays, self._key("gather"), self._timeout(timeout)))
+            return rebuild(self.arrays.all_gather_arrays(arrays, self._key("gather"), self._timeout(timeout)))
 
     def reduce(self, tree: Any, reduction: str = "sum", timeout: Optional[float] = None) -> Any:
         if reduction not in ("sum", "mean"):
@@ -157,7 +159,7 @@ class Collectives:
         arrays, rebuild = self._leaves(tree)
         if not self.single:
             with self.watched():
-                arrays = self.backend.all_reduce_arrays(arrays, "sum", self._key("reduce"), self._timeout(timeout))
+                arrays = self.arrays.all_reduce_arrays(arrays, "sum", self._key("reduce"), self._timeout(timeout))
         if reduction == "mean":
             arrays = [a / self.backend.num_processes for a in arrays]
         return rebuild(list(arrays))
@@ -171,4 +173,47 @@ class Collectives:
         if self.single:
             return rebuild(arrays)
         with self.watched():
-            return rebuild(self.backend.broadcast_arrays(arrays, src, self._key("broadcast"), self._timeout(timeout)))
+            return rebuild(self.arrays.broadcast_arrays(arrays, src, self._key("broadcast"), self._timeout(timeout)))
+
+
+class ArraysAsBytes(ArrayCollectives):
+    """Array collectives for a backend without native ones: arrays travel as bytes (a small JSON
+    header with dtype and shape, then the data) through its timed control plane."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def _encode(self, array: Any) -> bytes:
+        host = np.asarray(self.backend.to_numpy(array))
+        dtype, shape, raw = export_numpy(host.reshape(1) if host.ndim == 0 else host)
+        header = json.dumps({"dtype": dtype, "shape": list(shape)}).encode()
+        return len(header).to_bytes(4, "little") + header + raw.tobytes()
+
+    @staticmethod
+    def _decode(data: bytes) -> np.ndarray:
+        length = int.from_bytes(data[:4], "little")
+        header = json.loads(data[4:4 + length])
+        return np.frombuffer(data[4 + length:], dtype=numpy_dtype(header["dtype"])).reshape(header["shape"])
+
+    def _gathered(self, arrays: Sequence[Any], key: str, timeout: float) -> List[List[np.ndarray]]:
+        """Per array, every process's value in process order."""
+        out = []
+        for i, array in enumerate(arrays):
+            parts = self.backend.all_gather_bytes(self._encode(array), f"{key}[{i}]", timeout)
+            out.append([self._decode(part) for part in parts])
+        return out
+
+    def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
+        return [self.backend.from_numpy(np.concatenate(parts)) for parts in self._gathered(arrays, key, timeout)]
+
+    def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
+        return [self.backend.from_numpy(np.sum(parts, axis=0).reshape(np.shape(self.backend.to_numpy(a))))
+                for a, parts in zip(arrays, self._gathered(arrays, key, timeout))]
+
+    def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
+        out = []
+        for i, array in enumerate(arrays):
+            data = self.backend.broadcast_bytes(self._encode(array) if self.backend.process_index == src else None,
+                                                src, f"{key}[{i}]", timeout)
+            out.append(self.backend.from_numpy(self._decode(data).reshape(np.shape(self.backend.to_numpy(array)))))
+        return out

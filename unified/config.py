@@ -12,10 +12,13 @@ __all__ = ["ProjectConfiguration", "DistributedType"]
 
 
 class DistributedType(str, enum.Enum):
-    """How the processes of a run are connected; Accelerate's values for torch plus ``JAX``.
+    """How the processes of a run are connected: Accelerate's values, the contract's ``JAX``, and
+    any other upper-case value a backend declares (``Backend.group_distributed_type``).
 
     Example:
         >>> accelerator.distributed_type == DistributedType.NO   # doctest: +SKIP
+        True
+        >>> DistributedType("MLX") == "MLX"                      # a plugin backend's own value
         True
     """
 
@@ -26,6 +29,14 @@ class DistributedType(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def _missing_(cls, value: object) -> "DistributedType":
+        if not (isinstance(value, str) and value.isidentifier() and value.isupper()):
+            return None  # type: ignore[return-value]  (Enum then raises its ValueError)
+        member = str.__new__(cls, value)
+        member._name_, member._value_ = value, value
+        return cls._value2member_map_.setdefault(value, member)
 
 
 @dataclasses.dataclass

@@ -12,10 +12,11 @@ dropped; otherwise it is filled up by wrapping around to the start of the epoch'
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .backend import Backend, ForeignLoaders
 from .errors import see
 
 __all__ = ["DataLoader", "PreparedDataLoader", "skip_first_batches", "prepare_loader", "default_collate"]
@@ -63,8 +64,17 @@ class DataLoader:
         return len(self._single)
 
 
+class Placement(Protocol):
+    """What a prepared loader needs of a backend: its place in the group and batch placement."""
+
+    process_index: int
+    num_processes: int
+
+    def place_batch(self, batch: Any) -> Any: ...
+
+
 class _HostOnly:
-    """Stand-in backend for an unprepared loader: one process, NumPy batches."""
+    """Stand-in `Placement` for an unprepared loader: one process, NumPy batches."""
 
     process_index, num_processes = 0, 1
 
@@ -80,7 +90,7 @@ class PreparedDataLoader:
     starts the next epoch (a new order when shuffling).
     """
 
-    def __init__(self, source: Any, backend: Any, seed: Optional[int], *,
+    def __init__(self, source: Any, backend: Placement, seed: Optional[int], *,
                  batches: Optional[Callable[[Iterator[List[int]], int], Iterator[Any]]] = None,
                  place: Optional[Callable[[Any], Any]] = None) -> None:
         self.source = source
@@ -303,16 +313,16 @@ def _is_iterable_dataset(dataset: Any) -> bool:
     return not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"))
 
 
-def _prepare(source: Any, backend: Any, seed: Optional[int]) -> Any:
+def _prepare(source: Any, backend: Placement, seed: Optional[int]) -> Any:
     kind = PreparedIterableLoader if _is_iterable_dataset(source.dataset) else PreparedDataLoader
     return kind(source, backend, seed)
 
 
-def prepare_loader(obj: Any, backend: Any, seed: Optional[int]) -> Optional[Any]:
+def prepare_loader(obj: Any, backend: Backend, seed: Optional[int]) -> Optional[Any]:
     """The prepared form of a `DataLoader` or a ``torch.utils.data.DataLoader``; None otherwise."""
     if isinstance(obj, DataLoader):
         return _prepare(obj, backend, obj.seed if obj.seed is not None else seed)
-    return backend.prepare_loader(obj, seed)
+    return backend.prepare_loader(obj, seed) if isinstance(backend, ForeignLoaders) else None
 
 
 class PreparedIterableLoader:
@@ -326,7 +336,7 @@ class PreparedIterableLoader:
     collated or moved to a device.
     """
 
-    def __init__(self, source: Any, backend: Any, seed: Optional[int]) -> None:
+    def __init__(self, source: Any, backend: Placement, seed: Optional[int]) -> None:
         self.dataset = source.dataset
         self.batch_size = source.batch_size
         self._collate = source.collate_fn

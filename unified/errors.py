@@ -12,6 +12,8 @@ __all__ = [
     "BarrierTimeout",
     "CheckpointError",
     "BackendUnavailable",
+    "MissingCapability",
+    "InvalidBackend",
     "TROUBLESHOOTING",
     "see",
 ]
@@ -109,3 +111,12 @@ class BackendUnavailable(UnifiedError, ImportError):
 
 class RegistrationError(UnifiedError, ValueError, TypeError):
     """`register_for_checkpointing` got objects without ``state_dict`` / ``load_state_dict``."""
+
+
+class MissingCapability(UnifiedError, NotImplementedError, AttributeError):
+    """A call needs an optional ability the backend does not have (e.g. ``accelerator.mesh`` on a
+    backend without a device mesh). Also an `AttributeError`, so ``hasattr`` returns False."""
+
+
+class InvalidBackend(UnifiedError, TypeError):
+    """A registered backend class does not implement the interface (a required method is missing)."""

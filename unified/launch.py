@@ -1,15 +1,15 @@
 """`unified launch`: start N processes of a script as one process group of a backend.
 
-torch: torch's own elastic launcher (torchrun) starts the workers; JAX: a coordinator-based
-spawner here starts them with the coordinator address, process count and index in the
-environment. Both paths share `run_group`: output prefixed with the process index, the
+Each backend names a `Launcher` in its spec. The default one starts the backend's rendezvous
+service (if it has one) on machine 0 and N workers per machine, each told its place by a
+`unified.environment.ProcessEnvironment`; a backend may start its workers otherwise (torch:
+through torchrun). Every path shares `run_group`: output prefixed with the process index, the
 first failure stops every other process, Ctrl-C stops all of them.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -19,10 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .backend import backend_names, backend_spec, resolve_backend_name
+from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
 from .errors import see
+from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 
-__all__ = ["build_parser", "launch", "main"]
+__all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "Worker"]
 
 GRACE_SECONDS = 10.0
 # With several machines, machine 0 keeps services (the JAX coordinator) up this long after its
@@ -76,64 +77,63 @@ def _validate(args: argparse.Namespace) -> None:
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
 
 
-def _base_env(backend: str) -> Dict[str, str]:
-    env = dict(os.environ)
-    env["UNIFIED_LAUNCHER_BACKEND"] = backend
-    env["UNIFIED_BACKEND"] = backend
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `unified launch` was asked to start on this machine."""
+
+    backend: str
+    num_processes: int           # per machine
+    num_machines: int
+    machine_rank: int
+    main_process_ip: str
+    port: int
+    command: List[str]           # the script and its arguments
+
+    @property
+    def address(self) -> str:
+        return f"{self.main_process_ip}:{self.port}"
+
+    def base_env(self) -> Dict[str, str]:
+        """This environment plus the chosen backend, unbuffered output."""
+        return {**os.environ, LAUNCHER_BACKEND_VARIABLE: self.backend, BACKEND_VARIABLE: self.backend,
+                "PYTHONUNBUFFERED": "1"}
+
+    def processes(self, hosted: bool) -> List[ProcessEnvironment]:
+        """This machine's processes; ``hosted``: the launcher runs the rendezvous service."""
+        total = self.num_processes * self.num_machines
+        return [ProcessEnvironment(self.machine_rank * self.num_processes + local, total, local, self.num_processes,
+                                   coordinator=self.address, service_hosted=hosted)
+                for local in range(self.num_processes)]
 
 
-def torch_workers(args: argparse.Namespace, port: int) -> List[Worker]:
-    """One torchrun child that starts this machine's workers; its rank tags are made global."""
-    argv = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(args.num_processes),
-        "--nnodes", str(args.num_machines),
-        "--node-rank", str(args.machine_rank),
-        "--master-addr", args.main_process_ip,
-        "--master-port", str(port),
-        "--tee", "3",
-        args.script, *args.script_args,
-    ]
-    offset = args.machine_rank * args.num_processes
-    tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
+class Launcher:
+    """How a group of one backend is started (a backend's spec names an instance).
 
-    def label(line: str) -> str:
-        match = tag.match(line)
-        if not match:
-            return f"[launcher] {line}"
-        # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
-        return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
+    The default: machine 0 runs `service_argv` (the rendezvous service, when there is one) in a
+    child of its own, and every machine starts its workers with `process_env`. Override
+    `workers` to start them another way (torch uses torchrun).
+    """
 
-    return [Worker(argv, _base_env("torch"), label)]
+    def process_env(self, process: ProcessEnvironment) -> Dict[str, str]:
+        """The variables that make a worker join its group as ``process``."""
+        return process.to_env()
 
+    def service_argv(self, address: str, num_processes: int) -> Optional[List[str]]:
+        """The command of the rendezvous service run beside the workers, or ``None``."""
+        return None
 
-def env_workers(backend: str, args: argparse.Namespace, port: int, service: Optional[str]) -> List[Worker]:
-    """N children with the UNIFIED_* process-group variables; machine 0 also runs the backend's
-    service, if it has one, in a child of its own (JAX: backends/jax_coordinator.py)."""
-    total = args.num_processes * args.num_machines
-    address = f"{args.main_process_ip}:{port}"
-    workers = []
-    if args.machine_rank == 0 and service:
-        workers.append(Worker([sys.executable, "-m", service, address, str(total)],
-                              {**_base_env(backend), "TF_CPP_MIN_LOG_LEVEL": "2"},
-                              lambda line: f"[{service}] {line}", service=True))
-    for local in range(args.num_processes):
-        index = args.machine_rank * args.num_processes + local
-        env = _base_env(backend)
-        env.update(
-            UNIFIED_COORDINATOR_ADDRESS=address,
-            UNIFIED_COORDINATOR_HOSTED="1" if service else "0",
-            UNIFIED_NUM_PROCESSES=str(total),
-            UNIFIED_PROCESS_ID=str(index),
-            UNIFIED_LOCAL_PROCESS_ID=str(local),
-            UNIFIED_LOCAL_NUM_PROCESSES=str(args.num_processes),
-        )
-        workers.append(Worker([sys.executable, args.script, *args.script_args], env,
-                              lambda line, i=index: f"[{i}] {line}"))
-    return workers
-
+    def workers(self, plan: LaunchPlan) -> List[Worker]:
+        """This machine's children: the service (machine 0) and the workers."""
+        service = self.service_argv(plan.address, plan.num_processes * plan.num_machines)
+        workers = []
+        if plan.machine_rank == 0 and service:
+            name = service[2].rsplit(".", 1)[-1] if len(service) > 2 and service[1] == "-m" else "service"
+            workers.append(Worker(service, {**plan.base_env(), "TF_CPP_MIN_LOG_LEVEL": "2"},
+                                  lambda line: f"[{name}] {line}", service=True))
+        for process in plan.processes(hosted=bool(service)):
+            workers.append(Worker([sys.executable, *plan.command], {**plan.base_env(), **self.process_env(process)},
+                                  lambda line, i=process.process_index: f"[{i}] {line}"))
+        return workers
 
 
 def _pump(stream, label: Callable[[str], str], lock: threading.Lock) -> None:
@@ -222,12 +222,10 @@ def launch(args: argparse.Namespace) -> int:
     port = args.main_process_port
     if port is None:
         port = free_port() if args.num_machines == 1 else 29500
-    spec = backend_spec(backend)
-    if spec.launcher == "torchrun":
-        workers = torch_workers(args, port)
-    else:
-        workers = env_workers(backend, args, port, spec.service)
-    return run_group(workers, remote_peers=args.num_machines > 1)
+    plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
+                      port, [args.script, *args.script_args])
+    launcher: Launcher = load_object(backend_spec(backend).launcher)
+    return run_group(launcher.workers(plan), remote_peers=args.num_machines > 1)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,8 +1,9 @@
-"""Logging and progress bars that speak from the main process only (unless asked otherwise).
+"""Logging and progress bars that speak from the main process only (unless asked otherwise);
+``from unified.logging import get_logger``, as ``accelerate.logging`` offers it.
 
 They need no Accelerator: the process index comes from the variables every launcher sets
-(``RANK``/``LOCAL_RANK`` from torchrun, ``UNIFIED_PROCESS_ID``/``UNIFIED_LOCAL_PROCESS_ID`` from
-`unified launch`), so they also work at import time, before the Accelerator exists.
+(`unified.environment.ProcessEnvironment`), so they also work at import time, before the
+Accelerator exists.
 """
 from __future__ import annotations
 
@@ -10,16 +11,15 @@ import logging
 import os
 from typing import Any, MutableMapping, Optional, Tuple
 
-__all__ = ["get_logger", "tqdm", "process_index_from_env"]
+from .environment import ProcessEnvironment
+
+__all__ = ["get_logger", "tqdm", "process_index_from_env", "MultiProcessAdapter"]
 
 
 def process_index_from_env(local: bool = False) -> int:
     """This process's (local) index as the launcher announced it; 0 for a plain process."""
-    names = ("LOCAL_RANK", "UNIFIED_LOCAL_PROCESS_ID") if local else ("RANK", "UNIFIED_PROCESS_ID")
-    for name in names:
-        if os.environ.get(name, "").strip().isdigit():
-            return int(os.environ[name])
-    return 0
+    env = ProcessEnvironment.from_env()
+    return env.local_process_index if local else env.process_index
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):

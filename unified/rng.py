@@ -7,13 +7,15 @@ from typing import Any, Dict
 
 import numpy as np
 
+from .environment import ProcessEnvironment
+
 __all__ = ["set_seed", "capture_host_rng", "restore_host_rng"]
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False, backend: Any = None) -> None:
     """Seed Python's `random`, NumPy's global generator and the framework: the given backend's,
-    or torch's global generators when torch is imported. (JAX has no global generator: the
-    Accelerator's key stream is seeded by ``Accelerator(seed=...)``.)
+    else every registered framework that is already imported (none is imported for it; JAX has
+    no global generator: the Accelerator's key stream is seeded by ``Accelerator(seed=...)``).
 
     Example:
         >>> from unified.utils import set_seed
@@ -21,17 +23,17 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         >>> set_seed(42, device_specific=True)   # seed + process index
     """
     if device_specific:  # Accelerate's meaning: a different seed on every process
-        from .log import process_index_from_env
-
-        seed += process_index_from_env()
-    if deterministic and "torch" in sys.modules:
-        sys.modules["torch"].use_deterministic_algorithms(True)
+        seed += ProcessEnvironment.from_env().process_index
     random.seed(seed)
     np.random.seed(seed % 2**32)
     if backend is not None:
         backend.seed(seed)
-    elif "torch" in sys.modules:  # as Accelerate's set_seed does; never imports torch itself
-        sys.modules["torch"].manual_seed(seed)
+    from .registry import backend_names, backend_spec, load_object
+
+    for name in backend_names():  # with a backend, only `deterministic` still needs the others
+        spec = backend_spec(name)
+        if spec.seed_globals and spec.framework in sys.modules and (backend is None or deterministic):
+            load_object(spec.seed_globals)(seed, deterministic)
 
 
 def capture_host_rng() -> Dict[str, Any]:

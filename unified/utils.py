@@ -1,6 +1,6 @@
 """Accelerate-compatible helpers: ``from unified.utils import set_seed, ProjectConfiguration``."""
 from .config import DistributedType, ProjectConfiguration
-from .log import tqdm
+from .logging import tqdm
 from .rng import set_seed
 
 __all__ = ["set_seed", "ProjectConfiguration", "DistributedType", "tqdm"]

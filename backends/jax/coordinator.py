@@ -1,4 +1,4 @@
-"""Host JAX's coordination service in its own process: ``python -m backends.jax_coordinator ADDR N``.
+"""Host JAX's coordination service in its own process: ``python -m backends.jax.coordinator ADDR N``.
 
 When process 0 hosts the service (JAX's default), its exit or death makes the JAX runtime
 abort every other process. The launcher runs the service here instead, like torchrun's agent

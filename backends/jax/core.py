@@ -8,9 +8,7 @@ before joining, so that a dead peer gives survivors an exception instead of abor
 from __future__ import annotations
 
 import atexit
-import itertools
 import contextlib
-import ctypes
 import os
 import re
 import sys
@@ -21,13 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError, first_line, see
+from backends.common import keep_alive_forever, next_instance, timeout_error
+from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
+                             TrainingObjects)
+from unified.environment import ProcessEnvironment
+from unified.errors import DistributedError, see
 
 _PREFIX = "unified/"
-# Processes create their Accelerators in the same order, so numbering the backends of one
-# process keeps two Accelerators' coordination keys apart and equal across processes.
-_INSTANCES = itertools.count()
 
 
 def _cluster_detected() -> bool:
@@ -55,7 +53,7 @@ def _missing_from_message(message: str) -> Optional[List[int]]:
 @contextlib.contextmanager
 def _no_service_here(active: bool) -> Iterator[None]:
     """While ``active``, make ``jax.distributed.initialize`` on process 0 join the launcher's
-    coordination service (backends/jax_coordinator.py) instead of starting its own."""
+    coordination service (backends/jax/coordinator.py) instead of starting its own."""
     if not active:
         yield
         return
@@ -81,10 +79,8 @@ def _detach_runtime() -> None:
     from jax._src.distributed import global_state
 
     for name in ("preemption_sync_manager", "client", "service"):
-        handle = getattr(global_state, name, None)
-        if handle is not None:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
-            setattr(global_state, name, None)
+        keep_alive_forever(getattr(global_state, name, None))
+        setattr(global_state, name, None)
 
 
 class _KeyValueChannel:
@@ -100,11 +96,13 @@ class _KeyValueChannel:
         return {key.rsplit(self._prefix, 1)[-1]: value for key, value in self._client.key_value_dir_get(self._prefix)}
 
 
-class JaxBackend(Backend):
+class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ForeignLoaders):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
+    group_distributed_type = "JAX"
     immutable_arrays = True
+    sharded_format = "orbax"
 
     def __init__(self) -> None:
         self._client: Any = None
@@ -114,29 +112,27 @@ class JaxBackend(Backend):
         self._key_seed = 0
         self._key_counter = 0
         self._mesh: Any = None
-        self._prefix = f"{_PREFIX}{next(_INSTANCES)}/"
-        self.distributed_type = "NO"
+        self._prefix = f"{_PREFIX}{next_instance()}/"
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
         from jax._src.distributed import global_state
 
-        env = os.environ
-        address = env.get("UNIFIED_COORDINATOR_ADDRESS")
+        env = ProcessEnvironment.from_env()
+        address = env.coordinator
         if global_state.client is None and (address or _cluster_detected()):
             jax.config.update("jax_enable_recoverability", True)
             # Let SIGTERM end the process (the launcher's stop signal) instead of being logged.
             jax.config.update("jax_enable_preemption_service", False)
             kwargs: Dict[str, Any] = {"initialization_timeout": int(max(30, min(timeout, 600)))}
             if address:
-                index = int(env["UNIFIED_PROCESS_ID"])
-                kwargs.update(coordinator_address=address, num_processes=int(env["UNIFIED_NUM_PROCESSES"]),
-                              process_id=index)
+                kwargs.update(coordinator_address=address, num_processes=env.num_processes,
+                              process_id=env.process_index)
                 kwargs["coordinator_bind_address"] = address  # not every interface
                 # The launcher gave every value: no cluster detection, whose SLURM reading would
                 # still restrict each process to the GPU numbered SLURM_LOCALID (jax >= 0.5).
                 kwargs["cluster_detection_method"] = "deactivate"
-            self._external_service = env.get("UNIFIED_COORDINATOR_HOSTED") == "1"
+            self._external_service = env.service_hosted
             try:
                 with _no_service_here(self._external_service):
                     jax.distributed.initialize(**kwargs)
@@ -150,10 +146,8 @@ class JaxBackend(Backend):
         self._client = global_state.client
         self.process_index = jax.process_index()
         self.num_processes = jax.process_count()
-        self.local_process_index = int(env.get("UNIFIED_LOCAL_PROCESS_ID", "0"))
-        self.local_num_processes = int(env.get("UNIFIED_LOCAL_NUM_PROCESSES", "1"))
-        if self.num_processes > 1:
-            self.distributed_type = "JAX"
+        self.local_process_index = env.local_process_index
+        self.local_num_processes = env.local_num_processes
 
     def shutdown(self) -> None:
         if not self._owns_runtime:
@@ -175,9 +169,8 @@ class JaxBackend(Backend):
         return _KeyValueChannel(self._client, f"{self._prefix}health/") if self._client is not None else None
 
     # -- control plane --------------------------------------------------------------------------
-    def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> BarrierTimeout:
-        return BarrierTimeout(key, timeout, missing, process_index=self.process_index,
-                              num_processes=self.num_processes, detail=f"jax coordination service: {first_line(err)}")
+    def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> Exception:
+        return timeout_error(self, key, timeout, err, missing, "jax coordination service")
 
     def barrier(self, key: str, timeout: float) -> None:
         try:
@@ -267,8 +260,6 @@ class JaxBackend(Backend):
         return {"jax_key_stream": np.array([self._key_seed, self._key_counter], dtype=np.int64)}
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        if "jax_key_stream" not in state:
-            raise DistributedError("The checkpoint has no JAX key-stream state; refusing to resume without it." + see("rng-restore"))
         self._key_seed, self._key_counter = (int(v) for v in np.asarray(state["jax_key_stream"]))
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
@@ -281,9 +272,9 @@ class JaxBackend(Backend):
     def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
         if "torch" not in sys.modules:  # no torch imported: it cannot be a torch DataLoader
             return None
-        from backends.torch_backend import _prepare_torch_loader  # works here too, yielding jax.Arrays
+        from backends.torch.data import prepare_torch_loader  # works here too, yielding jax.Arrays
 
-        return _prepare_torch_loader(self, loader, seed)
+        return prepare_torch_loader(self, loader, seed)
 
     def place_batch(self, batch: Any) -> Any:
         """Global `jax.Array`s sharded over the processes along axis 0 (``"data"``)."""

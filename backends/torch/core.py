@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
-import itertools
-import os
 import time
 import warnings
 import weakref
-import zlib
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -17,8 +13,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from unified.backend import Backend
-from unified.errors import BarrierTimeout, DistributedError, first_line, see
+from backends.common import keep_alive_forever, next_instance, timeout_error
+from unified.backend import ArrayCollectives, Autograd, Backend, ForeignLoaders, TrainingObjects, WriteGuards
+from unified.checkpoint.safetensors_io import DTYPE_NAMES
+from unified.environment import ProcessEnvironment
+from unified.errors import DistributedError, first_line, see
 
 # A wait that has not finished after this long publishes the process's arrival in the
 # rendezvous store, so that a timeout can name the processes that never arrived.
@@ -47,10 +46,7 @@ class _StoreChannel:
         return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
 
 
-_INSTANCES = itertools.count()
-
-
-class TorchBackend(Backend):
+class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders):
     """torch.distributed started from torchrun's environment (or one plain process)."""
 
     name = "torch"
@@ -60,19 +56,16 @@ class TorchBackend(Backend):
         self._store: Optional[Any] = None
         self._owns_group = False
         self._broken = False
-        self._instance = next(_INSTANCES)  # keeps the store keys of two Accelerators apart
+        self._instance = next_instance()  # keeps the store keys of two Accelerators apart
         self._device = torch.device("cpu")
-        self.distributed_type = "NO"
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
-        env = os.environ
-        distributed = dist.is_available() and (
-            dist.is_initialized() or int(env.get("WORLD_SIZE", "1")) > 1
-        )
+        env = ProcessEnvironment.from_env()
+        distributed = dist.is_available() and (dist.is_initialized() or env.distributed)
         cuda = torch.cuda.is_available()
-        self.local_process_index = int(env.get("LOCAL_RANK", "0"))
-        self.local_num_processes = int(env.get("LOCAL_WORLD_SIZE", "1"))
+        self.local_process_index = env.local_process_index
+        self.local_num_processes = env.local_num_processes
         if cuda:
             self._device = torch.device("cuda", self.local_process_index % torch.cuda.device_count())
             torch.cuda.set_device(self._device)
@@ -89,7 +82,7 @@ class TorchBackend(Backend):
         self.num_processes = dist.get_world_size()
         self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         self._store = dist.PrefixStore("unified/", dist.distributed_c10d._get_default_store())
-        self.distributed_type = "MULTI_GPU" if cuda else "MULTI_CPU"
+        self.group_distributed_type = "MULTI_GPU" if cuda else "MULTI_CPU"
 
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized() and not self._broken:
@@ -152,18 +145,14 @@ class TorchBackend(Backend):
             if not missing or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
-        raise BarrierTimeout(
-            key, timeout, missing or None, process_index=self.process_index,
-            num_processes=self.num_processes, detail=f"torch.distributed: {first_line(err)}",
-        ) from err
+        raise timeout_error(self, key, timeout, err, missing or None, "torch.distributed") from err
 
     def _mark_broken(self) -> None:
         """Keep the process groups alive forever: their destructors wait for the failed
         collective to finish, which would make this process hang at exit behind a stuck peer."""
         if not self._broken:
             self._broken = True
-            for group in {id(g): g for g in (dist.group.WORLD, self._group) if g is not None}.values():
-                ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+            keep_alive_forever(*{id(g): g for g in (dist.group.WORLD, self._group) if g is not None}.values())
 
     # -- control plane --------------------------------------------------------------------------
     def barrier(self, key: str, timeout: float) -> None:
@@ -243,16 +232,9 @@ class TorchBackend(Backend):
         return state
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        if "torch_cpu" not in state:
-            raise DistributedError("The checkpoint has no torch CPU RNG state; refusing to resume without it." + see("rng-restore"))
         torch.set_rng_state(torch.from_numpy(np.array(state["torch_cpu"], dtype=np.uint8)))
         if torch.cuda.is_available():
-            cuda = [state.get(f"torch_cuda_{i}") for i in range(torch.cuda.device_count())]
-            if any(s is None for s in cuda):
-                raise DistributedError(
-                    f"The checkpoint holds CUDA RNG states for {sum(s is not None for s in cuda)} GPU(s); "
-                    f"this process sees {torch.cuda.device_count()}." + see("rng-restore")
-                )
+            cuda = [state[f"torch_cuda_{i}"] for i in range(torch.cuda.device_count())]
             torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s, dtype=np.uint8)) for s in cuda])
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
@@ -286,7 +268,9 @@ class TorchBackend(Backend):
 
     # -- data ------------------------------------------------------------------------------------------
     def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
-        return _prepare_torch_loader(self, loader, seed)
+        from .data import prepare_torch_loader
+
+        return prepare_torch_loader(self, loader, seed)
 
     def place_batch(self, batch: Any) -> Any:
         from unified.tree import flatten
@@ -298,8 +282,6 @@ class TorchBackend(Backend):
                 leaf = _tensor_from_numpy(leaf)
             placed.append(leaf.to(self._device, non_blocking=True) if isinstance(leaf, torch.Tensor) else leaf)
         return rebuild(placed)
-
-    can_guard_writes = True
 
     def guard_writes(self, prepared: Any, wait: Any) -> Any:
         """An async save writes straight from the live tensors; a prepared optimizer's next
@@ -406,60 +388,15 @@ def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
     """A tensor sharing ``array``'s memory (read-only views of a checkpoint are only read)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if array.dtype.name == "bfloat16":
-            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        bits = _VIA_BITS.get(array.dtype.name)  # ml_dtypes types torch.from_numpy does not know
+        if bits is not None:
+            return torch.from_numpy(array.view(bits)).view(getattr(torch, array.dtype.name))
         return torch.from_numpy(array)
 
 
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.complex64: "C64",
-}
+_VIA_BITS = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
 
 
-def _prepare_torch_loader(backend: TorchBackend, loader: Any, seed: Optional[int]) -> Any:
-    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
-
-    from unified.data import PreparedDataLoader
-
-    if not isinstance(loader, DataLoader):
-        return None
-    if isinstance(loader.dataset, IterableDataset):
-        from unified.data import PreparedIterableLoader
-
-        if loader.batch_size is None:
-            raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
-                                      + see("torch-iterable-dataset"))
-        return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
-    if loader.batch_size is None or not isinstance(loader.sampler, (RandomSampler, SequentialSampler)):
-        raise NotImplementedError(
-            "prepare() supports torch DataLoaders built with batch_size= and shuffle=True/False; a custom "
-            f"sampler ({type(loader.sampler).__qualname__}) or batch_sampler is not supported yet." + see("torch-custom-sampler")
-        )
-    source = _LoaderSettings(loader, isinstance(loader.sampler, RandomSampler))
-    loader_seed = int(seed or 0)
-
-    def batches(index_lists, epoch):  # the user's worker processes, collate_fn and pinning, our indices
-        # A DataLoader iterator draws its workers' base seed from the global generator unless it
-        # has its own: give it one derived from (seed, epoch), so that iterating (or resuming)
-        # never shifts the training's random numbers and worker seeds are reproducible.
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{loader_seed}/{epoch}".encode()))
-        return iter(DataLoader(
-            loader.dataset, batch_sampler=index_lists, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context, persistent_workers=False,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None, generator=generator,
-        ))
-
-    # A torch DataLoader already yields CPU tensors: on a CPU run there is nothing to place.
-    on_cpu = getattr(getattr(backend, "device", None), "type", None) == "cpu"
-    return PreparedDataLoader(source, backend, seed, batches=batches, place=(lambda b: b) if on_cpu else None)
-
-
-class _LoaderSettings:
-    """The parts of a torch DataLoader that the shared sharding logic reads."""
-
-    def __init__(self, loader: Any, shuffle: bool) -> None:
-        self.dataset, self.batch_size, self.shuffle = loader.dataset, loader.batch_size, shuffle
-        self.drop_last, self.seed, self.collate_fn = loader.drop_last, None, loader.collate_fn
+# torch dtype -> safetensors name, for the dtypes torch and the format share
+_SAFETENSORS_DTYPES = {getattr(torch, numpy_name): name for name, numpy_name in DTYPE_NAMES.items()
+                       if isinstance(getattr(torch, numpy_name, None), torch.dtype)}

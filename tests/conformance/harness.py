@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from unified.environment import ProcessEnvironment
+from unified.launch import Launcher
+from unified.registry import backend_spec, load_object
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("worker.py")
-# torchrun's agent hosts the TCPStore that the workers join (TORCHELASTIC_USE_AGENT_STORE=True).
-TORCH_STORE_HOST = ("import time, torch.distributed as d; "
-                    "s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); time.sleep(1e9)")
 
 
 def free_port() -> int:
@@ -30,22 +31,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _launcher(backend: str) -> Launcher:
+    return load_object(backend_spec(backend).launcher)
+
+
 def group_env(backend: str, rank: int, size: int, port: int, local_rank: int, local_size: int) -> Dict[str, str]:
-    """The variables a launcher gives process ``rank`` of a ``size``-process group."""
+    """The variables the backend's own launcher gives process ``rank`` of a ``size``-process
+    group whose rendezvous service (`service_command`) listens on ``port``."""
     env = dict(os.environ)
-    env.update(PYTHONUNBUFFERED="1", UNIFIED_BACKEND=backend, PYTHONPATH=str(ROOT))
+    env.update(PYTHONUNBUFFERED="1", UNIFIED_BACKEND=backend, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if size == 1:
         return env
-    if backend == "torch":  # as torchrun: the store is hosted outside the workers (TORCH_STORE_HOST)
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size),
-                   LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(local_size), OMP_NUM_THREADS="1",
-                   TORCHELASTIC_USE_AGENT_STORE="True")
-    else:
-        env.update(UNIFIED_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", UNIFIED_COORDINATOR_HOSTED="1",
-                   UNIFIED_NUM_PROCESSES=str(size),
-                   UNIFIED_PROCESS_ID=str(rank), UNIFIED_LOCAL_PROCESS_ID=str(local_rank),
-                   UNIFIED_LOCAL_NUM_PROCESSES=str(local_size))
+    process = ProcessEnvironment(rank, size, local_rank, local_size, coordinator=f"127.0.0.1:{port}", service_hosted=True)
+    env.update(_launcher(backend).process_env(process))
     return env
+
+
+def service_command(backend: str, size: int, port: int) -> Optional[List[str]]:
+    """The backend's rendezvous service, hosted outside the workers as `unified launch` does."""
+    return _launcher(backend).service_argv(f"127.0.0.1:{port}", size)
 
 
 @dataclass
@@ -90,11 +95,9 @@ def run_group(backend: str, size: int, scenarios: Sequence[str], tmp_path: Path,
     port = free_port()
     procs, logs = [], []
     service = None
-    if size > 1:  # as `unified launch` / torchrun do: the rendezvous service outlives every worker
-        command = (TORCH_STORE_HOST.format(port=port) if backend == "torch"
-                   else f"from backends.jax_coordinator import serve; serve('127.0.0.1:{port}', {size})")
-        service = subprocess.Popen([sys.executable, "-c", command],
-                                   env=group_env(backend, 0, 1, port, 0, 1), stdout=subprocess.DEVNULL,
+    command = service_command(backend, size, port) if size > 1 else None
+    if command:  # as `unified launch` / torchrun do: the rendezvous service outlives every worker
+        service = subprocess.Popen(command, env=group_env(backend, 0, 1, port, 0, 1), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(ROOT))
     rank = 0
     for machine_size in local_sizes:

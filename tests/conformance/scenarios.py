@@ -87,7 +87,7 @@ def collectives(state: dict) -> dict:
         "mean": np.asarray(mean).tolist(),
         "broadcast": np.asarray(sent[0]).tolist(),
         "objects": acc.gather_object({"rank": rank}),
-        "array_type": type(gathered["rows"]).__module__.split(".")[0],
+        "framework_arrays": all(acc._backend.is_array(v) for v in (gathered["rows"], summed["v"], mean, sent[0])),
     }
 
 
@@ -423,9 +423,11 @@ def data_load_other_count(state: dict) -> dict:
 
 
 def data_torch_workers(state: dict) -> dict:
+    from profiles import profile
+
     acc = state["acc"]
-    if acc.backend != "torch":
-        return {"not_torch": True}
+    if not profile(acc.backend).torch_worker_loaders:
+        return {"not_run": True}
     import torch
 
     dataset = CountingDataset(10)
@@ -457,9 +459,11 @@ class ShardedTable:
 
 def ckpt_sharded(state: dict) -> dict:
     """JAX: an array sharded across processes goes through Orbax and comes back in place."""
+    from unified.backend import ShardedArrays
+
     acc = state["acc"]
-    if acc.backend != "jax":
-        return {"not_jax": True}
+    if not isinstance(acc._backend, ShardedArrays):
+        return {"no_sharded_arrays": True}
     fresh = Accelerator(timeout=60)
     table = ShardedTable(fresh, 1.0)
     fresh.register_for_checkpointing(table)

@@ -138,4 +138,6 @@ class JaxTraining:
 
 
 def make(acc):
-    return (TorchTraining if acc.backend == "torch" else JaxTraining)(acc)
+    from profiles import make_training
+
+    return make_training(acc)

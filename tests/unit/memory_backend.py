@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
-from unified.backend import Backend
+from unified.backend import ArrayCollectives, Backend
 from unified.errors import BarrierTimeout
 
 __all__ = ["MemoryGroup", "MemoryBackend", "run_threads", "run_group", "unwrap", "RankTimeout"]
@@ -134,7 +134,7 @@ class MemoryGroup:
         return list(rv.values)
 
 
-class MemoryBackend(Backend):
+class MemoryBackend(Backend, ArrayCollectives):
     """One rank of a `MemoryGroup`; arrays are NumPy arrays."""
 
     name = "memory"
@@ -145,7 +145,6 @@ class MemoryBackend(Backend):
         self.num_processes = group.n
         self.local_num_processes = group.local_num_processes
         self.local_process_index = rank % group.local_num_processes
-        self.distributed_type = "MULTI_CPU" if group.n > 1 else "NO"
         self.started_with: Optional[float] = None
         self.shut_down = False
         self.rng = np.random.default_rng()

@@ -11,9 +11,9 @@ import pytest
 
 import unified
 import unified.accelerator as accelerator_module
-import unified.backend as backend_module
+import unified.registry as backend_module
 from unified import Accelerator, BackendUnavailable, DistributedType, ProjectConfiguration
-from unified.backend import resolve_backend_name
+from unified.registry import resolve_backend_name
 from unified.rng import capture_host_rng, restore_host_rng, set_seed
 
 from .memory_backend import MemoryGroup, run_group, unwrap
@@ -53,10 +53,13 @@ def test_identity_single_process():
     assert acc.distributed_type is DistributedType.NO
 
 
-def test_mesh_is_jax_only_on_the_memory_backend():
+def test_mesh_needs_the_device_mesh_capability_and_hasattr_stays_false():
     acc = MemoryGroup(1).accelerator(0)
-    with pytest.raises(NotImplementedError, match="JAX device mesh; the 'memory' backend has none"):
+    with pytest.raises(NotImplementedError, match=r"accelerator.mesh needs a backend with DeviceMesh .*'memory' backend"):
         acc.mesh
+    assert not hasattr(acc, "mesh")  # a MissingCapability is also an AttributeError
+    with pytest.raises(unified.MissingCapability, match="Autograd"):
+        acc.backward(None)
 
 
 def test_mesh_is_jax_only_on_torch(monkeypatch):
@@ -64,13 +67,14 @@ def test_mesh_is_jax_only_on_torch(monkeypatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     acc = Accelerator(backend="torch")
-    with pytest.raises(NotImplementedError, match=r"JAX device mesh; the 'torch' backend has none.*accelerator\.device"):
+    with pytest.raises(NotImplementedError, match=r"needs a backend with DeviceMesh.*the 'torch' backend does not have it"):
         acc.mesh
+    assert not hasattr(acc, "mesh")
 
 
 def test_mesh_on_jax_is_the_backends_data_mesh(monkeypatch):
     jax = pytest.importorskip("jax")
-    from backends.jax_backend import _cluster_detected
+    from backends.jax.core import _cluster_detected
 
     if _cluster_detected():
         pytest.skip("a cluster environment (e.g. SLURM) would make this Accelerator join a group")

@@ -22,8 +22,8 @@ PAGE = REPO / "docs" / "troubleshooting.md"
 ROOTS = ("unified", "backends")
 
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py), and
-# `_timeout_error` (backends/jax_backend.py) returns a BarrierTimeout.
-SELF_LINKED = {"BarrierTimeout", "_timeout_error"}
+# `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one.
+SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
@@ -43,9 +43,9 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/data.py", "cannot resume an iterable stream"):
         "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("backends/jax_backend.py", "expected keys"):
+    ("backends/jax/core.py", "expected keys"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("backends/jax_backend.py", "the checkpoint has {host.dtype}"):
+    ("backends/jax/core.py", "the checkpoint has {host.dtype}"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/data.py", "outside an epoch of"):
         "IndexError of ShuffledOrder.__getitem__: the sequence protocol, as for a list",

@@ -26,7 +26,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("imports", [
     "import unified",
     "import unified, unified.launch, unified.cli",
-    "import unified.utils, unified.tree, unified.rng, unified.collectives, unified.env",
+    "import unified.utils, unified.tree, unified.rng, unified.collectives, unified.report, unified.registry, unified.launch",
     "from unified import Accelerator, ProjectConfiguration, available_backends; available_backends()",
 ])
 def test_import_does_not_pull_frameworks(imports):

@@ -16,17 +16,20 @@ import uuid
 import zlib
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..backend import Backend, ShardedArrays, WriteGuards
 from ..errors import CheckpointError, see
 from ..rng import capture_host_rng, restore_host_rng
 from . import codec, layout, safetensors_io
 from .manifest import check_file_name, read_manifest, write_manifest
 from .safetensors_io import verify_file
 
-SHARDED_DIR = "sharded.orbax"
+if TYPE_CHECKING:
+    from ..collectives import Collectives
+    from ..config import ProjectConfiguration
 
 
 def _hash_tree(root: str, sub: str) -> Dict[str, Any]:
@@ -83,11 +86,17 @@ class CheckpointManager:
     ``backend`` provides array export and the framework RNG; ``collectives`` the timed syncs.
     """
 
-    def __init__(self, backend: Any, collectives: Any, config: Any) -> None:
+    def __init__(self, backend: Backend, collectives: "Collectives", config: "ProjectConfiguration") -> None:
         self.backend = backend
         self.collectives = collectives
         self.config = config
         self.entries: List[Entry] = []
+        # arrays split across processes, where the backend has them: sharded.<format>/ in a checkpoint
+        self.sharding: Optional[ShardedArrays] = backend if isinstance(backend, ShardedArrays) else None
+        self.sharded_dir = f"sharded.{self.sharding.sharded_format}" if self.sharding else None
+
+    def _is_sharded(self, value: Any) -> bool:
+        return self.sharding is not None and self.sharding.is_sharded(value)
 
     # -- what gets saved ----------------------------------------------------------------------------
     def add(self, entry: Entry) -> None:
@@ -103,7 +112,7 @@ class CheckpointManager:
             return dtype, shape, (raw.copy() if detach else raw)
         dtype, shape, raw = self.backend.export_array(value)
         if detach and not self.backend.immutable_arrays:
-            if self.backend.can_guard_writes:
+            if isinstance(self.backend, WriteGuards):
                 live[name] = value
             else:
                 raw = raw.copy()
@@ -122,7 +131,7 @@ class CheckpointManager:
                 raise CheckpointError(f"cannot save {entry.name}: {err}" + see("cannot-save")) from err
             whole = {}
             for name, value in arrays.items():
-                if self.backend.is_sharded(value):  # every process holds a part: all write
+                if self._is_sharded(value):  # every process holds a part: all write
                     key = f"a{len(snap.sharded)}"
                     snap.sharded[key], snap.sharded_names[key] = value, name
                 elif main:
@@ -136,7 +145,7 @@ class CheckpointManager:
         snap.structures[f"rng_{rank}"] = structure
         snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, detach, live, k) for k, v in arrays.items()}
         if live:
-            snap.live, snap.changed_in_place = True, self.backend.watch_in_place_changes(live)
+            snap.live, snap.changed_in_place = True, self.backend.watch_in_place_changes(live)  # type: ignore[attr-defined]
         return snap
 
     # -- save ----------------------------------------------------------------------------------------
@@ -203,9 +212,9 @@ class CheckpointManager:
                                  "call accelerator.wait_for_checkpoint() before changing saved state in place"}
             report = {"files": files, "structures": snap.structures}
             if snap.sharded:  # a collective of its own: every process writes its shards
-                self.backend.save_sharded(os.path.join(tmp, SHARDED_DIR), snap.sharded)
+                self.sharding.save_sharded(os.path.join(tmp, self.sharded_dir), snap.sharded)
                 if self.backend.process_index == 0:
-                    files.update(_hash_tree(tmp, SHARDED_DIR))
+                    files.update(_hash_tree(tmp, self.sharded_dir))
                     report["sharded"] = snap.sharded_names
             return report
         except OSError as err:
@@ -329,7 +338,10 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects"
                                   + see("sharded-no-counterpart"))
-        restored = self.backend.load_sharded(os.path.join(directory, SHARDED_DIR), {k: current[n] for k, n in names.items()})
+        if self.sharding is None:
+            raise CheckpointError(f"{directory}: holds arrays sharded across processes, which the {self.backend.name!r} "
+                                  "backend cannot read" + see("sharded-no-counterpart"))
+        restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()})
         by_name = {names[k]: v for k, v in restored.items()}
         return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
                 for entry in self.entries}
@@ -375,7 +387,7 @@ class CheckpointManager:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
         for name, info in manifest["files"].items():
-            if name.startswith(SHARDED_DIR + "/"):
+            if self.sharded_dir and name.startswith(self.sharded_dir + "/"):
                 verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
         rank = self.backend.process_index
         rng = None
@@ -385,7 +397,19 @@ class CheckpointManager:
                 raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it"
                                       + see("no-rng-state"))
             rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
+            self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
         return manifest, states, rng
+
+    def _check_rng(self, rng: Any, where: str) -> None:
+        """Refuse, before anything is restored, RNG state that lacks a generator this run has:
+        a resume that silently skipped one would diverge without a word."""
+        framework = rng.get("framework") if isinstance(rng, dict) else None
+        host = rng.get("host") if isinstance(rng, dict) else None
+        missing = [] if isinstance(host, dict) and {"python", "numpy"} <= set(host) else ["Python/NumPy"]
+        missing += sorted(set(self.backend.rng_state()) - set(framework if isinstance(framework, dict) else ()))
+        if missing:
+            raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this run; "
+                                  "refusing to resume without it" + see("rng-restore"))
 
     def _restore_rng(self, rng: Optional[Dict[str, Any]], manifest: Dict[str, Any]) -> None:
         if rng is not None:

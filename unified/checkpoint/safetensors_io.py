@@ -28,6 +28,8 @@ _DTYPES: Dict[str, str] = {
     "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
 _BY_NUMPY = {v: k for k, v in _DTYPES.items()}
+# safetensors dtype name -> NumPy dtype name: backends derive their own tables from it
+DTYPE_NAMES: Mapping[str, str] = dict(_DTYPES)
 _CHUNK = 64 << 20
 _PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over threads
 _LIVE_CHUNK = 8 << 20  # bounce buffers of a write from memory that may change meanwhile...
@@ -52,8 +54,7 @@ def safetensors_dtype(dtype: np.dtype) -> str:
     return _BY_NUMPY[name]
 
 
-# An exported array: (safetensors dtype, shape, contiguous uint8 view of its bytes)
-Exported = Tuple[str, Tuple[int, ...], np.ndarray]
+from ..backend import Exported  # noqa: E402  (safetensors dtype, shape, contiguous uint8 view of its bytes)
 
 
 def export_numpy(array: np.ndarray) -> Exported:

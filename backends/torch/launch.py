@@ -1,0 +1,59 @@
+"""How a torch group starts: torchrun's variables for one process, the TCPStore beside the
+workers, and `unified launch` through torch's own elastic launcher (torchrun)."""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Dict, List, Optional
+
+from unified.environment import ProcessEnvironment
+from unified.launch import Launcher, LaunchPlan, Worker
+
+# Hosts the rendezvous store outside the workers, as torchrun's agent does.
+_STORE_HOST = ("import time, torch.distributed as d; "
+               "s = d.TCPStore('{host}', {port}, is_master=True, wait_for_workers=False); time.sleep(1e9)")
+
+
+class TorchrunLauncher(Launcher):
+    """torchrun starts this machine's workers; its rank tags are made global."""
+
+    def process_env(self, process: ProcessEnvironment) -> Dict[str, str]:
+        """torchrun's variables (``init_process_group`` reads them), for a group whose store
+        is hosted at ``process.coordinator``."""
+        host, port = (process.coordinator or "127.0.0.1:29500").rsplit(":", 1)
+        return {
+            "MASTER_ADDR": host, "MASTER_PORT": port, "RANK": str(process.process_index),
+            "WORLD_SIZE": str(process.num_processes), "LOCAL_RANK": str(process.local_process_index),
+            "LOCAL_WORLD_SIZE": str(process.local_num_processes), "OMP_NUM_THREADS": "1",
+            "TORCHELASTIC_USE_AGENT_STORE": "True" if process.service_hosted else "False",
+        }
+
+    def service_argv(self, address: str, num_processes: int) -> Optional[List[str]]:
+        host, port = address.rsplit(":", 1)
+        return [sys.executable, "-c", _STORE_HOST.format(host=host, port=port)]
+
+    def workers(self, plan: LaunchPlan) -> List[Worker]:
+        argv = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nproc-per-node", str(plan.num_processes),
+            "--nnodes", str(plan.num_machines),
+            "--node-rank", str(plan.machine_rank),
+            "--master-addr", plan.main_process_ip,
+            "--master-port", str(plan.port),
+            "--tee", "3",
+            *plan.command,
+        ]
+        offset = plan.machine_rank * plan.num_processes
+        tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
+
+        def label(line: str) -> str:
+            match = tag.match(line)
+            if not match:
+                return f"[launcher] {line}"
+            # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
+            return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
+
+        return [Worker(argv, plan.base_env(), label)]
+
+
+LAUNCHER = TorchrunLauncher()

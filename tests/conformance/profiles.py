@@ -1,0 +1,52 @@
+"""What the conformance suite needs to know of each backend: the training setup its checkpoint
+scenarios run, and the few expectations that differ by framework.
+
+The built-in backends' profiles are below; a backend from outside ships its own profile through
+the ``unified.test_profiles`` entry-point group (an entry named like the backend, pointing to a
+`Profile`), so that the suite runs on it without an edit here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+from typing import Any, Dict
+
+from unified.registry import load_object
+
+PROFILE_GROUP = "unified.test_profiles"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Attributes:
+        training: ``"module:Class"`` of the tiny training setup (see `training.py`); called
+            with the Accelerator.
+        distributed_type: ``accelerator.distributed_type`` expected in a CPU group.
+        torch_worker_loaders: run the torch-DataLoader-with-workers scenario on this backend.
+    """
+
+    training: str
+    distributed_type: str
+    torch_worker_loaders: bool = False
+
+
+_BUILT_IN: Dict[str, Profile] = {
+    "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True),
+    "jax": Profile("training:JaxTraining", "JAX"),
+}
+
+
+def profile(backend: str) -> Profile:
+    """The profile of ``backend``: built in, or from the ``unified.test_profiles`` entry points."""
+    if backend in _BUILT_IN:
+        return _BUILT_IN[backend]
+    for entry in importlib.metadata.entry_points(group=PROFILE_GROUP):
+        if entry.name == backend:
+            return entry.load()
+    raise LookupError(f"no conformance profile for backend {backend!r}: add an entry to the "
+                      f"{PROFILE_GROUP!r} entry-point group")
+
+
+def make_training(acc: Any) -> Any:
+    """The training setup of ``acc``'s backend."""
+    return load_object(profile(acc.backend).training)(acc)

@@ -1,0 +1,58 @@
+"""The conformance suite's tiny training setup, written for the NumPy backend (the same
+interface as `tests/conformance/training.py`'s: step, draws, param_hash, edit_in_place)."""
+from __future__ import annotations
+
+import hashlib
+import random
+
+import numpy as np
+
+from .core import NumpyModel, NumpySGD
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.history = np.zeros(4, dtype=np.float64)
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "history": self.history.copy(), "note": ("ok", 1)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+        self.history = np.array(state["history"])
+
+
+class NumpyTraining:
+    """A linear model trained by SGD on noise; gradients averaged over processes by `reduce`."""
+
+    def __init__(self, acc) -> None:
+        self.acc = acc
+        init = np.random.default_rng(0)
+        model = NumpyModel(w=init.standard_normal((6, 1)), b=np.zeros(1))
+        self.model, self.optimizer = acc.prepare(model, NumpySGD(model, lr=0.05))
+        self.counter = Counter()
+        acc.register_for_checkpointing(self.counter)
+
+    def step(self) -> None:
+        x = self.acc._backend.rng.standard_normal((4, 6)).astype(np.float32) * (random.random() + np.random.rand())
+        params = self.model.params
+        err = x @ params["w"] + params["b"]
+        grads = {"w": x.T @ err / len(x), "b": err.mean(axis=0)}
+        self.optimizer.step(self.acc.reduce(grads, "mean"))
+        self.counter.steps += 1
+        self.counter.history[self.counter.steps % 4] = self.counter.steps * 0.5
+
+    def draws(self) -> list:
+        return [random.random(), float(np.random.rand()), float(self.acc._backend.rng.random())]
+
+    def edit_in_place(self, delta: float, tracked: bool = True) -> None:
+        for value in self.model.params.values():
+            value += delta
+
+    def param_hash(self) -> str:
+        digest = hashlib.sha256()
+        for name in sorted(self.model.params):
+            digest.update(self.model.params[name].tobytes())
+        digest.update(repr(self.counter.history.tolist()).encode())
+        return digest.hexdigest()

@@ -1,0 +1,95 @@
+"""Who this process is in its group, read from (and written to) environment variables in one place.
+
+A launcher describes each process it starts with a `ProcessEnvironment` and exports it with
+`to_env`; backends, logging and the test harness read it back with `from_env`. The variables
+are ``UNIFIED_*``; torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE``, the
+de-facto convention of most launchers, are read when ours are absent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, Mapping, Optional
+
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE"]
+
+# The backend a user asked for, and the one `unified launch` started the group with.
+BACKEND_VARIABLE = "UNIFIED_BACKEND"
+LAUNCHER_BACKEND_VARIABLE = "UNIFIED_LAUNCHER_BACKEND"
+
+_OURS = {
+    "process_index": "UNIFIED_PROCESS_ID",
+    "num_processes": "UNIFIED_NUM_PROCESSES",
+    "local_process_index": "UNIFIED_LOCAL_PROCESS_ID",
+    "local_num_processes": "UNIFIED_LOCAL_NUM_PROCESSES",
+}
+_COMMON = {
+    "process_index": "RANK",
+    "num_processes": "WORLD_SIZE",
+    "local_process_index": "LOCAL_RANK",
+    "local_num_processes": "LOCAL_WORLD_SIZE",
+}
+_COORDINATOR = "UNIFIED_COORDINATOR_ADDRESS"
+_HOSTED = "UNIFIED_COORDINATOR_HOSTED"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessEnvironment:
+    """One process's place in its group, as its launcher announced it.
+
+    Attributes:
+        process_index: index in ``0 .. num_processes - 1``.
+        num_processes: processes in the group.
+        local_process_index: index among the processes of this machine.
+        local_num_processes: processes on this machine.
+        coordinator: ``host:port`` of the group's rendezvous service, when the launcher set one.
+        service_hosted: the launcher runs that service in a process of its own (no worker
+            hosts it, so no worker's exit takes it down).
+
+    Example:
+        >>> env = ProcessEnvironment(process_index=1, num_processes=2, coordinator="127.0.0.1:29500")
+        >>> ProcessEnvironment.from_env(env.to_env()) == env
+        True
+    """
+
+    process_index: int = 0
+    num_processes: int = 1
+    local_process_index: int = 0
+    local_num_processes: int = 1
+    coordinator: Optional[str] = None
+    service_hosted: bool = False
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "ProcessEnvironment":
+        """Read the variables of ``environ`` (default: ``os.environ``); a plain process is
+        process 0 of 1."""
+        environ = os.environ if environ is None else environ
+
+        def number(field: str, default: int) -> int:
+            for names in (_OURS, _COMMON):
+                value = environ.get(names[field], "").strip()
+                if value.isdigit():
+                    return int(value)
+            return default
+
+        return cls(
+            process_index=number("process_index", 0),
+            num_processes=number("num_processes", 1),
+            local_process_index=number("local_process_index", 0),
+            local_num_processes=number("local_num_processes", 1),
+            coordinator=environ.get(_COORDINATOR) or None,
+            service_hosted=environ.get(_HOSTED) == "1",
+        )
+
+    def to_env(self) -> Dict[str, str]:
+        """The ``UNIFIED_*`` variables that make `from_env` return this description."""
+        env = {name: str(getattr(self, field)) for field, name in _OURS.items()}
+        if self.coordinator:
+            env[_COORDINATOR] = self.coordinator
+        env[_HOSTED] = "1" if self.service_hosted else "0"
+        return env
+
+    @property
+    def distributed(self) -> bool:
+        """True when the launcher described a group of several processes."""
+        return self.num_processes > 1
