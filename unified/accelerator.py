@@ -310,15 +310,15 @@ class Accelerator:
         self._prepared.append((kind, prepared))
         backend = self._backend
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
-                    lambda state: backend.load_state_into(kind, prepared, state))
+                    lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model")
         return prepared
 
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
-               managed: bool = True) -> None:
+               managed: bool = True, strict: bool = False) -> None:
         index = self._counts.get(kind, 0)
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
-        self._checkpoints.add(Entry(name, get_state, set_state, managed))
+        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and

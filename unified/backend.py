@@ -130,6 +130,12 @@ class Backend(abc.ABC):
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
 
+    def describe_array(self, value: Any) -> Tuple[str, Tuple[int, ...]]:
+        """``(safetensors dtype, shape)`` that `export_array` would give, ideally without a copy
+        (checkpoints check them against the file before restoring anything)."""
+        dtype, shape, _ = self.export_array(value)
+        return dtype, tuple(shape)
+
     def place_batch(self, batch: Any) -> Any:
         """This process's rows of a global batch (NumPy leaves) as this framework's arrays."""
         from .tree import flatten

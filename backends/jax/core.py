@@ -268,6 +268,13 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
         return export_numpy(_host_copy(value))
 
+    def describe_array(self, value: Any):
+        from unified.checkpoint.safetensors_io import safetensors_dtype
+
+        if _is_key(value):
+            value = jax.eval_shape(jax.random.key_data, value)
+        return safetensors_dtype(np.dtype(value.dtype)), tuple(value.shape)
+
     # -- data ------------------------------------------------------------------------------------------
     def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
         if "torch" not in sys.modules:  # no torch imported: it cannot be a torch DataLoader

@@ -248,6 +248,11 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
         return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
 
+    def describe_array(self, value: Any):
+        if value.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored in safetensors" + see("dtype-not-storable"))
+        return _SAFETENSORS_DTYPES[value.dtype], tuple(value.shape)
+
     # -- training objects ------------------------------------------------------------------------------
     def prepare(self, obj: Any):
         if isinstance(obj, torch.nn.Module):

@@ -624,3 +624,30 @@ def ckpt_async_edits(state: dict) -> dict:
         previous = at_call if raised is None else previous
         acc.wait_for_everyone()
     return outcome
+
+
+def ckpt_mismatch(state: dict) -> dict:
+    """Load a checkpoint into a model that differs from the saving run's (issue 11, finding 15):
+    a bias of another dtype on every process, or a weight of another shape on the last process
+    only. Every process raises CheckpointError naming the tensor, promptly, with nothing restored."""
+    from training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    make(acc).step()
+    path = acc.save_state(_shared("mismatch_source"))
+    outcome = {}
+    for change, everywhere in (("dtype", True), ("shape", False)):
+        fresh = Accelerator(timeout=60, seed=3)
+        run = make(fresh)
+        if everywhere or fresh.is_last_process:
+            run.change_first_layer(change)
+        before, start = run.param_hash(), time.monotonic()
+        try:
+            fresh.load_state(path)
+            result = {"raised": None}
+        except unified.CheckpointError as err:
+            result = {"raised": "CheckpointError", "message": str(err)}
+        result.update(untouched=run.param_hash() == before, elapsed=time.monotonic() - start)
+        outcome[change] = result
+    return outcome

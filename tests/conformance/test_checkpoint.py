@@ -30,11 +30,11 @@ def resumed(request, tmp_path_factory):
     shared = tmp_path_factory.mktemp(f"resume-{request.param}")
     first = _ok(run_group(request.param, 2, ["ckpt_first_run"], shared, extra_env=_env(shared)))
     second = _ok(run_group(request.param, 2, ["ckpt_resume_run"], shared, extra_env=_env(shared)))
-    explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir", "ckpt_snapshot_failure", "ckpt_async_edits"],
-                             shared, extra_env=_env(shared)))
+    explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir", "ckpt_snapshot_failure", "ckpt_async_edits",
+                                                "ckpt_mismatch"], shared, extra_env=_env(shared)))
     return (request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"),
             explicit.scenario("ckpt_explicit_dir"), explicit.scenario("ckpt_snapshot_failure"),
-            explicit.scenario("ckpt_async_edits"))
+            explicit.scenario("ckpt_async_edits"), explicit.scenario("ckpt_mismatch"))
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
@@ -100,6 +100,20 @@ def test_async_save_commits_the_state_of_the_call_or_fails_loudly(resumed):
                     assert "changed in place" in r["raised"] and "not committed" in r["raised"], r["raised"]
             # An edit through .data is invisible to torch's version counters: the checkpoint may
             # hold some of it (documented), but its checksums match its bytes, so it loads.
+
+
+def test_a_model_of_another_dtype_or_shape_is_refused_before_anything_is_restored(resumed):
+    for rank, outcome in enumerate(resumed[6]):
+        for change, r in outcome.items():
+            assert r["raised"] == "CheckpointError", (rank, change, r)
+            assert r["untouched"], (rank, change, "the model changed although the load failed")
+            assert "model_0.safetensors" in r["message"] and "tensor" in r["message"], r["message"]
+            assert r["elapsed"] < 30, (rank, change, r["elapsed"])  # promptly, not after the 60 s timeout
+        assert "in the checkpoint; this run's model_0 has" in outcome["dtype"]["message"]
+        if rank == len(resumed[6]) - 1:  # the process whose model differs names both shapes
+            assert "in the checkpoint; this run's model_0 has" in outcome["shape"]["message"]
+        else:  # the others learn it from that process
+            assert "process 1" in outcome["shape"]["message"], outcome["shape"]["message"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

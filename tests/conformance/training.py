@@ -64,6 +64,14 @@ class TorchTraining:
             for p in self.acc.unwrap_model(self.model).parameters():
                 (p if tracked else p.data).add_(delta)
 
+    def change_first_layer(self, change: str) -> None:
+        """Make this run's model differ from the saving run's: a float64 bias or a wider weight."""
+        torch, layer = self.torch, self.acc.unwrap_model(self.model)[0]
+        if change == "dtype":
+            layer.bias = torch.nn.Parameter(layer.bias.detach().to(torch.float64))
+        else:
+            layer.weight = torch.nn.Parameter(torch.zeros(8, 7))
+
     def param_hash(self) -> str:
         digest = hashlib.sha256()
         for tensor in self.acc.unwrap_model(self.model).state_dict().values():
@@ -125,6 +133,16 @@ class JaxTraining:
         for _, param in self.nnx.iter_graph(self.model):
             if isinstance(param, self.nnx.Param):
                 param.value = param.value + delta
+
+    def change_first_layer(self, change: str) -> None:
+        """Make this run's model differ from the saving run's: a bfloat16 bias or a wider kernel."""
+        import jax.numpy as jnp
+
+        layer = self.model.a
+        if change == "dtype":
+            layer.bias.value = layer.bias.value.astype(jnp.bfloat16)
+        else:
+            layer.kernel.value = jnp.zeros((7, 8), jnp.float32)
 
     def param_hash(self) -> str:
         digest = hashlib.sha256()

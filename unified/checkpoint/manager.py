@@ -62,6 +62,9 @@ class Entry:
     # True: the backend restores it from read-only NumPy views (it copies into the live object);
     # False: a user object, which gets its own writable copies as framework arrays.
     managed: bool = True
+    # True: the checkpoint must hold exactly this object's arrays (a model); otherwise it may hold
+    # arrays the object does not have yet (an optimizer before its first step).
+    strict: bool = False
 
 
 @dataclass
@@ -382,9 +385,10 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}" + see("no-structure"))
         states = {}  # without sharded arrays: decoded states; with them: the verified files (see _with_sharded)
-        sharded = bool(manifest.get("sharded"))
+        sharded = manifest.get("sharded") or {}
         for entry in self.entries:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
+            self._check_fits(entry, arrays, set(sharded.values()), os.path.join(directory, f"{entry.name}.safetensors"))
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
         for name, info in manifest["files"].items():
             if self.sharded_dir and name.startswith(self.sharded_dir + "/"):
@@ -400,16 +404,59 @@ class CheckpointManager:
             self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
         return manifest, states, rng
 
+    def _check_fits(self, entry: Entry, saved: Dict[str, np.ndarray], sharded: Any, where: str) -> None:
+        """Before anything is restored: every array of a prepared object is in the file with the
+        same dtype and shape (no silent cast, no optimizer moment of another shape), and a model's
+        file holds no array the model lacks. User objects' own ``load_state_dict`` decides for them."""
+        if not entry.managed:
+            return
+        live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+        for name, value in live.items():
+            if name in sharded:
+                continue
+            if name not in saved:
+                raise CheckpointError(f"{where}: has no tensor {name!r}, which this run's {entry.name} has; the "
+                                      "checkpoint does not match this model" + see("tensor-mismatch"))
+            if isinstance(value, np.ndarray):
+                want = (safetensors_io.safetensors_dtype(value.dtype), tuple(value.shape))
+            else:
+                want = self.backend.describe_array(value)
+            got = (safetensors_io.safetensors_dtype(saved[name].dtype), tuple(saved[name].shape))
+            if got != want:
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} is {got[0]} {list(got[1])} in the checkpoint; this run's {entry.name} "
+                    f"has {want[0]} {list(want[1])}. Nothing was restored: build the object as the saving run did"
+                    + see("tensor-mismatch"))
+        extra = sorted(set(saved) - set(live) - set(sharded)) if entry.strict else []
+        if extra:
+            raise CheckpointError(f"{where}: holds tensor(s) {', '.join(map(repr, extra[:5]))} that this run's "
+                                  f"{entry.name} does not have; the checkpoint does not match this model" + see("tensor-mismatch"))
+
     def _check_rng(self, rng: Any, where: str) -> None:
         """Refuse, before anything is restored, RNG state that lacks a generator this run has:
         a resume that silently skipped one would diverge without a word."""
         framework = rng.get("framework") if isinstance(rng, dict) else None
         host = rng.get("host") if isinstance(rng, dict) else None
         missing = [] if isinstance(host, dict) and {"python", "numpy"} <= set(host) else ["Python/NumPy"]
-        missing += sorted(set(self.backend.rng_state()) - set(framework if isinstance(framework, dict) else ()))
+        current = self.backend.rng_state()
+        missing += sorted(set(current) - set(framework if isinstance(framework, dict) else ()))
         if missing:
             raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this run; "
                                   "refusing to resume without it" + see("rng-restore"))
+        for name, value in current.items():
+            saved = framework[name]
+            if not (isinstance(saved, np.ndarray) and saved.dtype == np.asarray(value).dtype
+                    and saved.shape == np.shape(value)):
+                raise CheckpointError(f"{where}: the state of generator {name!r} does not fit this run's "
+                                      "(another dtype or size)" + see("rng-restore"))
+        scratch_random, scratch_numpy = random.getstate(), np.random.get_state()
+        try:  # the host generators refuse a malformed state here, before anything is restored
+            restore_host_rng(host)
+        except (TypeError, ValueError, KeyError, OverflowError) as err:
+            raise CheckpointError(f"{where}: malformed Python/NumPy generator state ({err})" + see("rng-restore")) from err
+        finally:
+            random.setstate(scratch_random)
+            np.random.set_state(scratch_numpy)
 
     def _restore_rng(self, rng: Optional[Dict[str, Any]], manifest: Dict[str, Any]) -> None:
         if rng is not None:

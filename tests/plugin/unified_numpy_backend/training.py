@@ -50,6 +50,13 @@ class NumpyTraining:
         for value in self.model.params.values():
             value += delta
 
+    def change_first_layer(self, change: str) -> None:
+        params = self.model.params
+        if change == "dtype":
+            params["b"] = params["b"].astype(np.float64)
+        else:
+            params["w"] = np.zeros((7, 1), np.float32)
+
     def param_hash(self) -> str:
         digest = hashlib.sha256()
         for name in sorted(self.model.params):
