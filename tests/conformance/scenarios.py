@@ -471,8 +471,48 @@ def ckpt_sharded(state: dict) -> dict:
     table.table = ShardedTable(fresh, 50.0).table  # changed after the save
     fresh.load_state(path)
     mine = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
+    # Damaged copies (issue 11, finding 11): Orbax must never open a file the manifest does not list.
+    damaged = _shared("sharded_damaged")
+    if fresh.is_main_process:
+        _damage_sharded(path, damaged)
+    fresh.wait_for_everyone()
+    refused = {}
+    for case in sorted(os.listdir(damaged)):
+        try:
+            fresh.load_state(os.path.join(damaged, case))
+            refused[case] = None
+        except unified.CheckpointError as err:
+            refused[case] = str(err)
     return {"mine": mine, "sharding_kept": table.table.sharding == table.sharding,
-            "listing": sorted(os.listdir(path))}
+            "listing": sorted(os.listdir(path)), "refused": refused}
+
+
+def _damage_sharded(pristine: str, root: str) -> None:
+    """Copies of a sharded checkpoint: an unlisted file and a link inside sharded.orbax/, and a
+    re-signed manifest that names sharded arrays but lists none of their files."""
+    from unified.checkpoint.manifest import _digest
+
+    def copy(case: str) -> str:
+        shutil.copytree(pristine, os.path.join(root, case), symlinks=True)
+        return os.path.join(root, case)
+
+    extra = copy("unlisted_file")
+    with open(os.path.join(extra, "sharded.orbax", "_EXTRA_METADATA"), "w") as handle:
+        handle.write("{}")
+    linked = copy("link_inside")
+    listed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(linked, "sharded.orbax"))
+                    for name in names)
+    victim = listed[-1]
+    os.replace(victim, victim + ".real")
+    os.symlink(victim + ".real", victim)
+    unlisted = copy("files_not_listed")
+    manifest_path = os.path.join(unlisted, "manifest.json")
+    doc = json.load(open(manifest_path))
+    doc.pop("manifest_xxh3")
+    doc["files"] = {k: v for k, v in doc["files"].items() if not k.startswith("sharded.orbax/")}
+    doc["manifest_xxh3"] = _digest(doc)
+    with open(manifest_path, "w") as handle:
+        json.dump(doc, handle)
 
 
 class Stream:

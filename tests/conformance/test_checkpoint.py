@@ -233,3 +233,8 @@ def test_arrays_sharded_across_processes_round_trip_through_orbax(tmp_path):
         assert r["mine"] == [[[1.0 + rank] * 3] * 2], r  # this process's rows, as saved
         assert r["sharding_kept"]
         assert "sharded.orbax" in r["listing"] and "manifest.json" in r["listing"]
+        refused = r["refused"]
+        assert set(refused) == {"unlisted_file", "link_inside", "files_not_listed"}, refused
+        assert "_EXTRA_METADATA: not listed in the manifest" in refused["unlisted_file"], refused
+        assert "not a regular file" in refused["link_inside"] or "not listed" in refused["link_inside"], refused
+        assert "lists no file" in refused["files_not_listed"], refused

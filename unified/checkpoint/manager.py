@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import stat
 import time
 import uuid
 import zlib
@@ -390,9 +391,8 @@ class CheckpointManager:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
             self._check_fits(entry, arrays, set(sharded.values()), os.path.join(directory, f"{entry.name}.safetensors"))
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
-        for name, info in manifest["files"].items():
-            if self.sharded_dir and name.startswith(self.sharded_dir + "/"):
-                verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
+        if sharded:
+            self._verify_sharded_tree(directory, manifest)
         rank = self.backend.process_index
         rng = None
         if manifest.get("num_processes") == self.backend.num_processes:
@@ -403,6 +403,34 @@ class CheckpointManager:
             rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
             self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
         return manifest, states, rng
+
+    def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> None:
+        """The sharded arrays' reader (Orbax) opens whatever its folder holds: every entry there
+        must be a plain file or folder (no link, FIFO or device) that the manifest lists and whose
+        size and checksum match; a manifest naming sharded arrays must list their files."""
+        where = os.path.join(directory, "manifest.json")
+        if self.sharding is None:
+            raise CheckpointError(f"{where}: holds arrays sharded across processes, which the {self.backend.name!r} "
+                                  "backend cannot read" + see("sharded-no-counterpart"))
+        prefix = self.sharded_dir + "/"
+        listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
+        root = os.path.join(directory, self.sharded_dir)
+        if not listed or not os.path.isdir(root) or os.path.islink(root):
+            raise CheckpointError(f"{where}: names sharded arrays but {self.sharded_dir}/ is missing or lists no file"
+                                  + see("sharded-files-unlisted"))
+        for folder, subfolders, names in os.walk(root):
+            for name in subfolders + names:
+                path = os.path.join(folder, name)
+                relative = os.path.relpath(path, directory).replace(os.sep, "/")
+                mode = os.lstat(path).st_mode
+                if stat.S_ISDIR(mode):
+                    continue
+                if not stat.S_ISREG(mode) or relative not in listed:
+                    what = "not a regular file" if not stat.S_ISREG(mode) else "not listed in the manifest"
+                    raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it"
+                                          + see("sharded-files-unlisted"))
+        for name, info in listed.items():
+            verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
 
     def _check_fits(self, entry: Entry, saved: Dict[str, np.ndarray], sharded: Any, where: str) -> None:
         """Before anything is restored: every array of a prepared object is in the file with the
