@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "troubleshooting.md"
 ROOTS = ("unified", "backends")
 
-# Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py), and
-# `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one.
-SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error"}
+# Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
+# `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
+# `_invalid_structure` (unified/checkpoint/codec.py) and `_not_safetensors`
+# (unified/checkpoint/safetensors_io.py) return CheckpointErrors that end with see(...).
+SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
@@ -33,10 +35,8 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "a value of type"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
-    ("unified/checkpoint/safetensors_io.py", "header longer than the file"):
-        "caught in parse() and re-raised as 'not a valid safetensors file (…)' + see('invalid-safetensors')",
-    ("unified/checkpoint/safetensors_io.py", "inconsistent offsets/shape"):
-        "caught in parse() and re-raised as 'not a valid safetensors file (…)' + see('invalid-safetensors')",
+    ("unified/checkpoint/codec.py", "levels deep (a container"):
+        "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/data.py", "the data loader's dataset has"):
         "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/data.py", "cannot resume at sample"):

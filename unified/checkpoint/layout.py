@@ -1,13 +1,13 @@
 """Checkpoint directories: automatic names, the newest complete one, retention, atomic commit."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from typing import List, Optional, Tuple
 
-from .manifest import MANIFEST
+from ..errors import CheckpointError
+from .manifest import MANIFEST, read_manifest_document
 
 CHECKPOINTS = "checkpoints"
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
@@ -97,11 +97,14 @@ def foreign_entries(directory: str) -> List[str]:
     names = os.listdir(directory)
     if not names:
         return []
-    try:
-        with open(os.path.join(directory, MANIFEST)) as handle:
-            listed = {name.split("/")[0] for name in json.load(handle).get("files", {})} | {MANIFEST}
-    except (OSError, ValueError, AttributeError):
+    try:  # bounded, and never blocks on a FIFO in the manifest's place
+        document = read_manifest_document(os.path.join(directory, MANIFEST))
+    except (CheckpointError, OSError):
         return sorted(names)
+    files = document.get("files") if isinstance(document, dict) else None
+    if not isinstance(files, dict):
+        return sorted(names)
+    listed = {name.split("/")[0] for name in files} | {MANIFEST}
     return sorted(n for n in names if n not in listed)
 
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import mmap
 import os
 import queue
+import re
 import struct
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from json.decoder import scanstring
+from typing import Any, Dict, Iterator, Mapping, Sequence, Tuple
 
 import numpy as np
 import xxhash
 
 from ..errors import CheckpointError, see
+from .manifest import open_regular_file
 
 # safetensors dtype names <-> NumPy dtypes (bfloat16 and float8 come from ml_dtypes when present)
 _DTYPES: Dict[str, str] = {
@@ -34,6 +38,12 @@ _CHUNK = 64 << 20
 _PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over threads
 _LIVE_CHUNK = 8 << 20  # bounce buffers of a write from memory that may change meanwhile...
 _LIVE_BUFFERS = 4      # ...and how many of them at most (32 MiB)
+# Our writer spends ~70 bytes plus the name on each array; the largest state we know of (Adam on
+# a model of ~47k tensors: ~141k arrays named like optimizer_0/state/12345/exp_avg_sq) needs
+# ~16 MB. 64 MiB leaves four times that, below the safetensors crate's own 100 MB limit.
+MAX_HEADER_BYTES = 64 << 20
+MAX_METADATA_ENTRIES = 1024  # unified writes none; the format allows a str -> str mapping
+MAX_RANK = 64  # NumPy's limit on dimensions
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -145,17 +155,22 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[written:], offset + written
 
 
+def _open_for_reading(path: str) -> int:
+    try:
+        return open_regular_file(path)
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
+
+
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     """Map and verify one file; returns read-only NumPy arrays viewing the mapping.
 
     The page cache is mapped rather than copied into a fresh buffer: the only copy of the data
     is the one into the objects being restored. Raises `CheckpointError` naming the file when
-    it is missing, a link, of another size, fails its checksum, or is not well-formed.
+    it is missing, not a regular file (a link, FIFO, device...), of another size, fails its
+    checksum, or is not well-formed.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
+    fd = _open_for_reading(path)
     try:
         actual = os.fstat(fd).st_size
         if actual != size:
@@ -163,7 +178,10 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
                                   + see("size-mismatch"))
         if size == 0:
             raise CheckpointError(f"{path}: empty file" + see("empty-file"))
-        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        try:
+            buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as err:  # e.g. truncated since fstat
+            raise CheckpointError(f"{path}: cannot open checkpoint file ({err})" + see("cannot-open-file")) from err
     finally:
         os.close(fd)
     if xxhash.xxh3_64_hexdigest(buffer) != checksum:
@@ -172,12 +190,9 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
 
 
 def verify_file(path: str, size, checksum) -> Dict[str, object]:
-    """Hash one file in chunks (not following links); compare with ``size``/``checksum`` when
-    given (raising `CheckpointError`), and return its ``{"size", "xxh3"}``."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
+    """Hash one regular file in chunks (never a link, FIFO or device); compare with
+    ``size``/``checksum`` when given (raising `CheckpointError`), and return its ``{"size", "xxh3"}``."""
+    fd = _open_for_reading(path)
     digest, total = xxhash.xxh3_64(), 0
     with os.fdopen(fd, "rb", buffering=0) as handle:
         actual = os.fstat(handle.fileno()).st_size
@@ -192,26 +207,119 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
     return {"size": total, "xxh3": digest.hexdigest()}
 
 
-def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
-    """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation."""
+# -- parsing a header that may be hostile ----------------------------------------------------------
+#
+# A header is one JSON object of entries ``name: {"dtype", "shape", "data_offsets"}`` (and an
+# optional ``"__metadata__": {str: str}``). Before anything is built from an entry its text must
+# have exactly that shape (below), so a hostile header cannot make json build the deep or dense
+# structures that cost 20-30 times their size; each entry is then parsed alone, checked, and
+# turned into an array view, so the header is never held as Python objects in whole. Parsing a
+# header costs at most ~7 times its size (tests/unit/test_checkpoint_readers.py measures it).
+
+_W = r"[ \t\n\r]*"
+# Flat character classes only, whose matching needs no memory per character (a repeated group
+# would: some 300 bytes per repetition); json.loads checks the exact syntax of each entry after.
+_INTS = r"\[[-0-9, \t\n\r]*\]"
+_FIELD = rf'(?:"dtype"{_W}:{_W}"[A-Z0-9_]{{1,16}}"|"(?:shape|data_offsets)"{_W}:{_W}{_INTS})'
+_INFO = re.compile(rf"\{{{_W}{_FIELD}{_W},{_W}{_FIELD}{_W},{_W}{_FIELD}{_W}\}}")
+_PAIR = rf'"[^"\\]*"{_W}:{_W}"[^"\\]*"'  # metadata, which unified never writes: no escapes
+_METADATA = re.compile(rf"\{{{_W}(?:{_PAIR}(?:{_W},{_W}{_PAIR}){{0,{MAX_METADATA_ENTRIES - 1}}}{_W})?\}}")
+_SPACE = re.compile(_W)
+_INFO_KEYS = {"dtype", "shape", "data_offsets"}
+
+
+def _not_safetensors(name: str, detail: str) -> CheckpointError:
+    return CheckpointError(f"{name}: not a valid safetensors file ({detail})" + see("invalid-safetensors"))
+
+
+def _after(text: str, at: int, token: str, name: str) -> int:
+    """The position after ``token`` (and the spaces around it), which must come next."""
+    at = _SPACE.match(text, at).end()
+    if not text.startswith(token, at):
+        raise _not_safetensors(name, f"expected {token!r} at byte {at} of the header")
+    return _SPACE.match(text, at + len(token)).end()
+
+
+def _header_entries(text: str, name: str) -> Iterator[Tuple[str, str]]:
+    """``(array name, entry JSON)`` for each entry of the header ``text``, in order, each
+    entry's text checked to have the only shape a header allows."""
+    at = _after(text, 0, "{", name)
+    more = not text.startswith("}", at)
+    while more:
+        if not text.startswith('"', at):
+            raise _not_safetensors(name, f"expected an array name at byte {at} of the header")
+        key, at = scanstring(text, at + 1)
+        at = _after(text, at, ":", name)
+        match = (_METADATA if key == "__metadata__" else _INFO).match(text, at)
+        if match is None:
+            expected = f"a mapping of at most {MAX_METADATA_ENTRIES} strings" if key == "__metadata__" else \
+                "{'dtype': name, 'shape': [integers], 'data_offsets': [integers]}"
+            raise _not_safetensors(name, f"entry {_shown(key)} at byte {at} of the header is not {expected}")
+        yield key, match.group()
+        at = _SPACE.match(text, match.end()).end()
+        more = text.startswith(",", at)
+        if more:
+            at = _SPACE.match(text, at + 1).end()
+    if _after(text, at, "}", name) != len(text):
+        raise _not_safetensors(name, "data after the header's closing brace")
+
+
+def _shown(key: str) -> str:
+    text = repr(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _array(key: str, entry: str, buffer: Any, data_start: int, name: str) -> np.ndarray:
+    """The read-only view of ``buffer`` that header entry ``entry`` describes, once checked."""
+    if entry.count(",") > MAX_RANK + 2:  # two between the fields, one in data_offsets
+        raise _not_safetensors(name, f"array {_shown(key)} has more than {MAX_RANK} dimensions")
+    info = json.loads(entry)
+    if set(info) != _INFO_KEYS:
+        raise _not_safetensors(name, f"array {_shown(key)} needs 'dtype', 'shape' and 'data_offsets' once each")
+    if info["dtype"] not in _DTYPES:
+        raise _not_safetensors(name, f"array {_shown(key)} has the unknown dtype {info['dtype']!r}")
+    dtype = numpy_dtype(info["dtype"])
+    shape, offsets = info["shape"], info["data_offsets"]
+    if len(offsets) != 2 or not all(0 <= d < 1 << 63 for d in shape):
+        raise _not_safetensors(name, f"array {_shown(key)} needs dimensions in [0, 2**63) and two data offsets")
+    start, end = offsets
+    count = math.prod(shape)
+    if not 0 <= start <= end <= len(buffer) - data_start or end - start != count * dtype.itemsize:
+        raise _not_safetensors(name, f"array {_shown(key)} has inconsistent offsets/shape")
     try:
-        (length,) = struct.unpack_from("<Q", buffer, 0)
-        if length > len(buffer) - 8:
-            raise ValueError("header longer than the file")
-        header = json.loads(bytes(buffer[8:8 + length]))
-        data = memoryview(buffer)[8 + length:]
-        arrays: Dict[str, np.ndarray] = {}
-        for key, info in header.items():
+        return np.frombuffer(buffer, dtype=dtype, count=count, offset=data_start + start).reshape(shape)
+    except ValueError as err:  # more dimensions than NumPy supports
+        raise _not_safetensors(name, f"array {_shown(key)}: {err}") from err
+
+
+def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
+    """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation:
+    anything else than a well-formed header of at most `MAX_HEADER_BYTES` raises
+    `CheckpointError` naming ``name``."""
+    if len(buffer) < 8:
+        raise _not_safetensors(name, f"{len(buffer)} bytes, fewer than the 8 of the header length")
+    (length,) = struct.unpack_from("<Q", buffer, 0)
+    if length > MAX_HEADER_BYTES:
+        raise CheckpointError(f"{name}: the safetensors header is {length} bytes; unified reads headers of at most "
+                              f"{MAX_HEADER_BYTES} bytes. The file is damaged or hostile: load another checkpoint."
+                              + see("header-too-large"))
+    if length > len(buffer) - 8:
+        raise _not_safetensors(name, f"header of {length} bytes in a file of {len(buffer)}")
+    header = bytes(buffer[8:8 + length])
+    if not header.isascii():
+        raise _not_safetensors(name, "the header is not ASCII JSON; unified writes names with \\u escapes")
+    arrays: Dict[str, np.ndarray] = {}
+    has_metadata = False
+    try:
+        for key, entry in _header_entries(header.decode("ascii"), name):
+            if key in arrays or (key == "__metadata__" and has_metadata):
+                raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
             if key == "__metadata__":
-                continue
-            start, end = info["data_offsets"]
-            dtype = numpy_dtype(info["dtype"])
-            shape = tuple(int(d) for d in info["shape"])
-            if not 0 <= start <= end <= len(data) or (end - start) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-                raise ValueError(f"array {key!r} has inconsistent offsets/shape")
-            arrays[key] = np.frombuffer(data[start:end], dtype=dtype).reshape(shape)
-        return arrays
+                has_metadata = True
+            else:
+                arrays[key] = _array(key, entry, buffer, 8 + length, name)
     except CheckpointError:
         raise
-    except (ValueError, KeyError, TypeError, struct.error) as err:
-        raise CheckpointError(f"{name}: not a valid safetensors file ({err})" + see("invalid-safetensors")) from err
+    except ValueError as err:  # malformed strings or numbers, which the shape checks let through
+        raise _not_safetensors(name, str(err)) from err
+    return arrays
