@@ -35,6 +35,8 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "a value of type"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
+    ("unified/checkpoint/codec.py", "would be saved under this one name"):
+        "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "levels deep (a container"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/data.py", "the data loader's dataset has"):

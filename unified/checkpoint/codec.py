@@ -3,7 +3,8 @@
 Allowed leaves: ``None``, bool, int, float, str, NumPy scalars, NumPy arrays and the backend's
 arrays. Containers: dicts (any str/int/float/bool/None keys), lists and tuples. Anything else
 is refused with the path of the offending value, because storing it would need pickle; so are
-states nested deeper than `MAX_DEPTH`, which a reader would refuse.
+states nested deeper than `MAX_DEPTH` and two arrays whose paths coincide (a ``"a/b"`` key
+beside ``"a": {"b": ...}``, or keys ``1`` and ``"1"``), which one array name cannot tell apart.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
     arrays: Dict[str, Any] = {}
 
     def array(value: Any, path: str, kind: str) -> Dict[str, str]:
+        if path in arrays:
+            raise TypeError(f"{path}: two arrays of this state would be saved under this one name (keys such as "
+                            "'a/b' beside 'a' -> 'b', or 1 beside '1', give the same path). Rename one of the keys.")
         arrays[path] = value
         return {"__array__": path, "kind": kind}
 
