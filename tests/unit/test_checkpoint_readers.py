@@ -257,6 +257,15 @@ def test_memory_of_parsing_a_hostile_manifest_is_bounded(tmp_path, shape):
     assert peak <= MANIFEST_PARSE_RATIO * len(raw), f"{peak / len(raw):.1f}x the manifest"
 
 
+@pytest.mark.parametrize("names", [["0", "\U00010000"], ["\u5c42"], ["a" * 200]])
+def test_small_manifests_with_wide_names_are_accepted(tmp_path, names):
+    """A small manifest's estimate is high per byte (one non-ASCII escape widens every string in
+    it): below a fixed allowance the ratio does not apply."""
+    write_manifest(str(tmp_path), _body({n: {"size": 1, "xxh3": "0" * 16} for n in names if n.isascii()},
+                                        structures={"custom_checkpoint_0": {n: 1 for n in names}}))
+    assert read_manifest(str(tmp_path))["structures"]["custom_checkpoint_0"] == {n: 1 for n in names}
+
+
 def _writer_header(count: int, name: str) -> bytes:
     """The header unified's writer produces for ``count`` float32 matrices."""
     arrays = {name.format(i): ("F32", (0, 4096), np.zeros(0, np.uint8)) for i in range(count)}

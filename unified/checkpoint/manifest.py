@@ -6,7 +6,7 @@ before the atomic rename; a directory without a valid manifest is never a checkp
 Reading treats the manifest as hostile until proven otherwise: its checksum is no protection
 (anyone can compute one), so every field is checked for the type the loader relies on, and the
 cost of reading it is bounded in time and memory before it is parsed (see `MAX_MANIFEST_BYTES`,
-`MAX_MANIFEST_DEPTH`, `MAX_PARSE_RATIO` and the file name bounds).
+`MAX_MANIFEST_DEPTH`, `MAX_PARSE_RATIO`, `PARSE_ALLOWANCE` and the file name bounds).
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ MAX_MANIFEST_DEPTH = _STRUCTURE_DEPTH + 2
 # Manifests our writer produces estimate at 7-18x (they take 2-7x); dense hostile JSON (empty
 # lists, tiny dicts, short strings) would take up to 30x, and is refused.
 MAX_PARSE_RATIO = 20
+# ... except that an estimate below this is always fine: small manifests have more overhead per
+# byte (short names, a non-ASCII escape that widens every string in the estimate).
+PARSE_ALLOWANCE = 8 << 20
 # File names. Orbax, which writes the only nested names (``sharded.orbax/...``), writes at most
 # 4 parts with OCDBT, the layout our JAX backend uses (``sharded.orbax/ocdbt.process_N/d/<32
 # hex digits>``); plain zarr3 chunk keys would add one part per array dimension (3 + rank).
@@ -156,7 +159,7 @@ def _parse_manifest_json(raw: bytes, path: str) -> Any:
     if depth > MAX_MANIFEST_DEPTH:
         raise CheckpointError(f"{path}: nested {depth} levels deep; unified writes at most {MAX_MANIFEST_DEPTH}. "
                               "Refusing to parse it: the file is damaged or hostile." + see("manifest-too-costly"))
-    if cost > MAX_PARSE_RATIO * len(raw):
+    if cost > max(MAX_PARSE_RATIO * len(raw), PARSE_ALLOWANCE):
         raise CheckpointError(
             f"{path}: parsing it could take {cost / 2**20:.1f} MiB for {len(raw) / 2**20:.1f} MiB of JSON, more than "
             f"{MAX_PARSE_RATIO} times its size, which no manifest unified writes needs (too many tiny values). "
