@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from typing import List, Optional, Tuple
 
 from ..errors import CheckpointError
@@ -13,6 +14,11 @@ CHECKPOINTS = "checkpoints"
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
 TMP_MARK = ".tmp-"
 OLD_MARK = ".old-"
+# What a save leaves beside its checkpoint NAME while it runs: ``.NAME.tmp-TOKEN`` (the directory
+# being written) and ``.NAME.old-TOKEN`` (the replaced checkpoint, between commit's renames).
+# TOKEN is the 12 hex digits the processes agree on (`CheckpointManager.begin`); cleanup matches
+# these names whole, so it never takes ``.npm.tmp-cache`` or ``.config.old-2024`` for ours.
+_LEFTOVER = re.compile(r"\.(?P<name>.+)(?P<mark>\.tmp-|\.old-)[0-9a-f]{12}")
 
 
 def automatic_dir(project_dir: str, iteration: int) -> str:
@@ -45,6 +51,7 @@ def highest_number(folder: str) -> Optional[int]:
 
 
 def temporary_dir(final: str, token: str) -> str:
+    """``{parent}/.{name}.tmp-{token}`` for the checkpoint ``final``; ``token``: 12 hex digits."""
     parent, name = os.path.split(os.path.abspath(final))
     return os.path.join(parent, f".{name}{TMP_MARK}{token}")
 
@@ -66,27 +73,55 @@ def commit(tmp: str, final: str, token: str) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _is_directory(path: str) -> bool:
+    """A real directory (not a link to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_checkpoint(path: str) -> bool:
+    """A real directory holding a regular ``manifest.json`` (committed; contents not verified)."""
+    try:
+        return _is_directory(path) and stat.S_ISREG(os.lstat(os.path.join(path, MANIFEST)).st_mode)
+    except OSError:
+        return False
+
+
 def recover(final: str) -> None:
     """If ``final`` vanished between `commit`'s two renames, restore the replaced checkpoint."""
     parent, name = os.path.split(os.path.abspath(final))
     if os.path.lexists(final) or not os.path.isdir(parent):
         return
     for entry in sorted(os.listdir(parent)):
-        if entry.startswith(f".{name}{OLD_MARK}") and os.path.isfile(os.path.join(parent, entry, MANIFEST)):
+        match = _LEFTOVER.fullmatch(entry)
+        if match and match["mark"] == OLD_MARK and match["name"] == name and _is_checkpoint(os.path.join(parent, entry)):
             os.rename(os.path.join(parent, entry), final)
             return
 
 
+def _is_stale(parent: str, entry: str) -> bool:
+    """Whether ``entry`` of ``parent`` is a save's leftover that is safe to delete: a directory
+    named exactly as `_LEFTOVER` says, beside the committed checkpoint it belongs to (a replaced
+    one's only copy, ``.NAME.old-TOKEN`` without NAME, is kept for `recover`), or the temporary
+    directory of an automatically named checkpoint (``.checkpoint_N.tmp-TOKEN``) that crashed."""
+    match = _LEFTOVER.fullmatch(entry)
+    if match is None or match["name"] in (".", "..") or not _is_directory(os.path.join(parent, entry)):
+        return False
+    if _is_checkpoint(os.path.join(parent, match["name"])):
+        return True
+    return match["mark"] == TMP_MARK and _AUTO_NAME.match(match["name"]) is not None
+
+
 def remove_stale_temporaries(parent: str) -> None:
     """Delete what crashed saves left (called by the main process after a commit): temporary
-    directories, and set-aside old checkpoints whose replacement is in place."""
+    directories, and set-aside old checkpoints whose replacement is in place. Only names a save
+    creates are touched (see `_is_stale`); anything else in ``parent`` is left alone."""
     if not os.path.isdir(parent):
         return
     for entry in os.listdir(parent):
-        if not entry.startswith("."):
-            continue
-        replaced = OLD_MARK in entry and os.path.isdir(os.path.join(parent, entry[1:].split(OLD_MARK)[0]))
-        if TMP_MARK in entry or replaced:
+        if _is_stale(parent, entry):
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
