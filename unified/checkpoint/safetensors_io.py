@@ -214,7 +214,9 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
 # have exactly that shape (below), so a hostile header cannot make json build the deep or dense
 # structures that cost 20-30 times their size; each entry is then parsed alone, checked, and
 # turned into an array view, so the header is never held as Python objects in whole. Parsing a
-# header costs at most ~7 times its size (tests/unit/test_checkpoint_readers.py measures it).
+# header costs 6-8 times its size, hostile or not: a 63 MiB header peaks at ~420 MiB as our
+# writer makes it, ~500 MiB with 1.1M tiny arrays (tests/unit/test_checkpoint_readers.py
+# checks the ratio); json.loads of the whole header took 10-28 times.
 
 _W = r"[ \t\n\r]*"
 # Flat character classes only, whose matching needs no memory per character (a repeated group
