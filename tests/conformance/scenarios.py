@@ -691,3 +691,54 @@ def ckpt_mismatch(state: dict) -> dict:
         result.update(untouched=run.param_hash() == before, elapsed=time.monotonic() - start)
         outcome[change] = result
     return outcome
+
+
+def ckpt_commit_failures(state: dict) -> dict:
+    """Issue 11, findings 16 and 7: a checkpoint that a save interrupted between its two renames
+    set aside is put back by one process while the others wait (for `load_state()` on a plain
+    project_dir and for an explicit directory); a commit that fails on the main process (full
+    disk while writing the manifest) reaches every process at once and leaves nothing behind."""
+    import errno
+
+    from training import make
+    from unified.checkpoint import manager as manager_module
+
+    target = _shared("interrupted")
+    acc = Accelerator(timeout=60, seed=3, project_dir=target)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    acc.save_state()  # without automatic naming: project_dir itself is the checkpoint
+    saved = run.param_hash()
+    outcome = {}
+    for case, argument in (("project_dir", None), ("explicit", target)):
+        acc.wait_for_everyone()
+        if acc.is_main_process:  # a crash between commit's two renames, as `layout.commit` leaves it
+            parent, name = os.path.split(target)
+            os.rename(target, os.path.join(parent, f".{name}.old-{'a1b2c3d4e5f6' if case == 'explicit' else '0123456789ab'}"))
+        acc.wait_for_everyone()
+        run.step()
+        try:
+            acc.load_state(argument)
+            outcome[case] = {"raised": None, "restored": run.param_hash() == saved}
+        except Exception as err:  # noqa: BLE001 - the test wants to see what it was
+            outcome[case] = {"raised": type(err).__name__, "message": str(err)}
+    real_write = manager_module.write_manifest
+
+    def full_disk(directory, body):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory)
+
+    if acc.is_main_process:
+        manager_module.write_manifest = full_disk
+    start = time.monotonic()
+    try:
+        acc.save_state(_shared("commit_fails"))
+        outcome["commit"] = {"raised": None}
+    except Exception as err:  # noqa: BLE001
+        outcome["commit"] = {"raised": type(err).__name__, "message": str(err)}
+    finally:
+        manager_module.write_manifest = real_write
+    outcome["commit"]["elapsed"] = time.monotonic() - start
+    acc.wait_for_everyone()
+    outcome["commit"]["left"] = sorted(n for n in os.listdir(_shared()) if "commit_fails" in n)
+    return outcome

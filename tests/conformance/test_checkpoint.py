@@ -31,10 +31,11 @@ def resumed(request, tmp_path_factory):
     first = _ok(run_group(request.param, 2, ["ckpt_first_run"], shared, extra_env=_env(shared)))
     second = _ok(run_group(request.param, 2, ["ckpt_resume_run"], shared, extra_env=_env(shared)))
     explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir", "ckpt_snapshot_failure", "ckpt_async_edits",
-                                                "ckpt_mismatch"], shared, extra_env=_env(shared)))
+                                                "ckpt_mismatch", "ckpt_commit_failures"], shared, extra_env=_env(shared)))
     return (request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"),
             explicit.scenario("ckpt_explicit_dir"), explicit.scenario("ckpt_snapshot_failure"),
-            explicit.scenario("ckpt_async_edits"), explicit.scenario("ckpt_mismatch"))
+            explicit.scenario("ckpt_async_edits"), explicit.scenario("ckpt_mismatch"),
+            explicit.scenario("ckpt_commit_failures"))
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
@@ -114,6 +115,17 @@ def test_a_model_of_another_dtype_or_shape_is_refused_before_anything_is_restore
             assert "in the checkpoint; this run's model_0 has" in outcome["shape"]["message"]
         else:  # the others learn it from that process
             assert "process 1" in outcome["shape"]["message"], outcome["shape"]["message"]
+
+
+def test_an_interrupted_commit_is_repaired_once_and_a_failed_commit_reaches_everyone(resumed):
+    for rank, outcome in enumerate(resumed[7]):
+        for case in ("project_dir", "explicit"):  # the set-aside checkpoint is put back and loads
+            assert outcome[case] == {"raised": None, "restored": True}, (rank, case, outcome[case])
+        commit = outcome["commit"]
+        assert commit["raised"] == "CheckpointError", (rank, commit)
+        assert "failed while committing" in commit["message"] and "No space left" in commit["message"], commit
+        assert commit["elapsed"] < 30, (rank, commit)  # at once, not after the 60 s timeout
+        assert commit["left"] == [], (rank, commit)  # no temporary directory, no checkpoint
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

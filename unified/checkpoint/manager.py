@@ -53,6 +53,11 @@ def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
         )
 
 
+def _commit_error(final: str, err: OSError) -> CheckpointError:
+    return CheckpointError(f"save_state({final!r}) failed while committing and was not committed; the previous "
+                           f"checkpoint is intact. process 0: {err}" + see("save-failed"))
+
+
 @dataclass
 class Entry:
     """One object saved in every checkpoint: its name, and how to get and set its state."""
@@ -228,9 +233,15 @@ class CheckpointManager:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
+        failure: Optional[BaseException] = None
         if self.backend.process_index == 0:
-            self._commit(final, tmp, token, reports, snap.iteration)
-        self.collectives.barrier("save_state (committed)")
+            try:
+                self._commit(final, tmp, token, reports, snap.iteration)
+            except OSError as err:  # full disk, file-size limit...: nobody may wait for the timeout
+                failure = _commit_error(final, err)
+        failed = self.collectives.share_failure(failure, "save_state (committed)")
+        if failed:
+            raise CheckpointError(f"a save_state failed on process {failed[0][0]}: {failed[0][1]}" + see("background-save-failed"))
         _raise_reported(final, reports)
         return final
 
@@ -247,7 +258,10 @@ class CheckpointManager:
             _raise_reported(final, [report])  # the main process will not commit; say why here too
             return final
         reports = [report] + [self._wait_marker(os.path.join(tmp, f"part_{r}.json")) for r in range(1, count)]
-        self._commit(final, tmp, token, reports, snap.iteration)
+        try:
+            self._commit(final, tmp, token, reports, snap.iteration)
+        except OSError as err:
+            raise _commit_error(final, err) from err
         _raise_reported(final, reports)
         return final
 
@@ -263,10 +277,23 @@ class CheckpointManager:
         return report
 
     def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], iteration: int) -> None:
-        """Main process: write the manifest last, rename into place, apply retention."""
+        """Main process: write the manifest last, rename into place, apply retention. Nothing of
+        a save that failed (here or on any process) stays behind."""
         if any("error" in r for r in reports):
             shutil.rmtree(tmp, ignore_errors=True)
             return
+        try:
+            self._write_manifest_and_rename(final, tmp, token, reports, iteration)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        parent = os.path.dirname(os.path.abspath(final))
+        layout.remove_stale_temporaries(parent)
+        if self.config.automatic_checkpoint_naming:
+            layout.apply_retention(parent, self.config.total_limit, keep=final)
+
+    def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
+                                   iteration: int) -> None:
         files: Dict[str, Any] = {}
         structures: Dict[str, Any] = {}
         for r in reports:
@@ -282,27 +309,41 @@ class CheckpointManager:
             "structures": structures,
         })
         layout.commit(tmp, final, token)
-        parent = os.path.dirname(os.path.abspath(final))
-        layout.remove_stale_temporaries(parent)
-        if self.config.automatic_checkpoint_naming:
-            layout.apply_retention(parent, self.config.total_limit, keep=final)
 
     # -- load ----------------------------------------------------------------------------------------
     def resolve_load_dir(self, input_dir: Optional[str]) -> str:
-        if input_dir is not None:
-            layout.recover(os.fspath(input_dir))
-            return os.fspath(input_dir)
+        """The directory `load` reads (collective when it may first have to repair one)."""
         config = self.config
-        if config.automatic_checkpoint_naming and config.project_dir is not None:
+        if input_dir is None and config.automatic_checkpoint_naming and config.project_dir is not None:
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
             found = layout.numbered_checkpoints(folder)
             if not found:
                 raise CheckpointError(f"{folder}: no complete checkpoint to load" + see("no-complete-checkpoint"))
             return found[-1][1]
-        if config.project_dir is not None and os.path.isfile(os.path.join(config.project_dir, "manifest.json")):
-            return config.project_dir
-        raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) with project_dir."
-                         + see("load-needs-directory"))
+        target = input_dir if input_dir is not None else config.project_dir
+        if target is None:
+            raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) "
+                             "with project_dir." + see("load-needs-directory"))
+        target = os.fspath(target)
+        self._recover(target)
+        if input_dir is None and not os.path.isfile(os.path.join(target, "manifest.json")):
+            raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
+                             "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("load-needs-directory"))
+        return target
+
+    def _recover(self, target: str) -> None:
+        """The main process puts back a checkpoint that a save interrupted between its two renames
+        left set aside; the others wait for it (every process renaming at once would race)."""
+        failure: Optional[BaseException] = None
+        if self.backend.process_index == 0:
+            try:
+                layout.recover(target)
+            except OSError as err:
+                failure = CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
+                                          f"({err})" + see("recover-failed"))
+        failed = self.collectives.share_failure(failure, "load_state (recover)")
+        if failed:
+            raise CheckpointError(f"{target}: process {failed[0][0]} could not repair it: {failed[0][1]}" + see("recover-failed"))
 
     def load(self, directory: str) -> Dict[str, Any]:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
