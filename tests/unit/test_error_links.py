@@ -24,8 +24,10 @@ ROOTS = ("unified", "backends")
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
 # `_invalid_structure` (unified/checkpoint/codec.py) and `_not_safetensors`
-# (unified/checkpoint/safetensors_io.py) return CheckpointErrors that end with see(...).
-SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors"}
+# (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
+# return CheckpointErrors that end with see(...).
+SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
+               "_commit_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
