@@ -489,6 +489,7 @@ class Accelerator:
             >>> accelerator.end_training()
         """
         self._finish_pending()
+        self._checkpoints.release_folder()
         self._collectives.barrier("end_training")
         if self._watchdog is not None:
             self._watchdog.close()

@@ -24,7 +24,7 @@ import numpy as np
 from ..backend import Backend, ShardedArrays, WriteGuards
 from ..errors import CheckpointError, see
 from ..rng import capture_host_rng, restore_host_rng
-from . import codec, layout, safetensors_io
+from . import codec, layout, lock, safetensors_io
 from .manifest import check_file_name, read_manifest, write_manifest
 from .safetensors_io import verify_file
 
@@ -103,6 +103,8 @@ class CheckpointManager:
         # arrays split across processes, where the backend has them: sharded.<format>/ in a checkpoint
         self.sharding: Optional[ShardedArrays] = backend if isinstance(backend, ShardedArrays) else None
         self.sharded_dir = f"sharded.{self.sharding.sharded_format}" if self.sharding else None
+        self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
+        self._held_folder: Optional[str] = None
 
     def _is_sharded(self, value: Any) -> bool:
         return self.sharding is not None and self.sharding.is_sharded(value)
@@ -167,9 +169,13 @@ class CheckpointManager:
             if output_dir is not None:
                 raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
-            highest = layout.highest_number(folder)
-            if highest is not None and config.iteration <= highest:
-                config.iteration = highest + 1  # never collide with an existing checkpoint_N
+            self._hold_folder(folder)
+            # One process decides the number, from its listing; everyone uses it.
+            iteration = config.iteration
+            highest = layout.highest_number(folder) if self.backend.process_index == 0 else None
+            if highest is not None and iteration <= highest:
+                iteration = highest + 1  # never collide with an existing checkpoint_N
+            config.iteration = self.collectives.broadcast_json(iteration, operation="save_state (name)")
             return layout.automatic_dir(config.project_dir, config.iteration)
         target = output_dir if output_dir is not None else config.project_dir
         if target is None:
@@ -186,6 +192,29 @@ class CheckpointManager:
                 + see("refusing-to-save-here")
             )
         return target
+
+    def _hold_folder(self, folder: str) -> None:
+        """The main process locks the checkpoint folder for this run (once); every process learns
+        at once when another live run holds it."""
+        if self._held_folder == folder:
+            return
+        failure: Optional[BaseException] = None
+        if self.backend.process_index == 0:
+            try:
+                self.release_folder()
+                self._lock_key = lock.acquire(folder)
+            except (CheckpointError, OSError) as err:
+                failure = err
+        failed = self.collectives.share_failure(failure, "save_state (lock)")
+        if failed:
+            raise CheckpointError(f"process {failed[0][0]}: {failed[0][1]}" + see("folder-in-use"))
+        self._held_folder = folder
+
+    def release_folder(self) -> None:
+        """Unlock the folder this run held (`end_training`)."""
+        if self._lock_key is not None:
+            lock.release(self._lock_key)
+        self._lock_key, self._held_folder = None, None
 
     def safe_snapshot(self, iteration: int, detach: bool = False) -> Snapshot:
         """`snapshot` on every process, failing on every process when it fails on any."""
