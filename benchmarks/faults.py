@@ -145,7 +145,7 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
         phase, jitter = rng.choice(["step", "sync"]), rng.uniform(0.0, 0.05)
         phases[phase] = phases.get(phase, 0) + 1
         what = f"trial {t}: victim {victim}, step {step}, before its {phase}"
-        group = run_group(backend, size, ["fault_train_kill"], shared, deadline=60 + 3 * timeout,
+        group = run_group(backend, size, ["fault_train_kill"], shared, deadline=120 + 3 * timeout,
                           extra_env=_env(shared, FAULT_TIMEOUT=timeout, FAULT_VICTIM=victim, FAULT_KILL_STEP=step,
                                          FAULT_PHASE=phase, FAULT_JITTER=jitter, FAULT_STEPS=TRAIN_STEPS))
         killed_file = shared / "killed.json"
@@ -170,7 +170,7 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
             if exit_at is None:
                 worst_exit = float("inf")
                 tail = " | ".join(line.strip() for line in group.logs[rank].strip().splitlines()[-3:])
-                problems.append(f"process {rank} hung (killed at the {60 + 3 * timeout:g} s deadline); log ends: {tail[:300]}")
+                problems.append(f"process {rank} hung (killed at the {120 + 3 * timeout:g} s deadline); log ends: {tail[:300]}")
             else:
                 worst_exit = max(worst_exit, exit_at - killed_at)
                 if exit_at - killed_at > timeout + 2:
