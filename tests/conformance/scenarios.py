@@ -178,6 +178,7 @@ def ckpt_first_run(state: dict) -> dict:
     final = run.param_hash()
     # naming, retention and collision checks on top of the run's own checkpoint
     more = [acc.save_state() for _ in range(3)]
+    acc.wait_for_checkpoint()  # older checkpoints go once the newest is on disk (fsynced)
     listing = sorted(os.listdir(_shared("project", "checkpoints")))
     acc.end_training()
     return {"saved": saved, "after_save_draws": after_save, "final_hash": final, "hashes": hashes,

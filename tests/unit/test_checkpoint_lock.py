@@ -26,8 +26,8 @@ def _accelerator(project):
 
 @pytest.fixture
 def other_run(tmp_path):
-    """Another process holding the lock of tmp_path/project/checkpoints, as another run's main would."""
-    folder = tmp_path / "project" / "checkpoints"
+    """Another process holding the lock of tmp_path/project, as another run's main would."""
+    folder = tmp_path / "project"
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.stdout.readline().strip() == "held"
@@ -40,7 +40,7 @@ def test_a_second_live_run_is_refused_and_nothing_is_written(tmp_path, other_run
     acc = _accelerator(tmp_path / "project")
     with pytest.raises(CheckpointError, match=rf"another live run saves checkpoints here .*\"pid\": {other_run.pid}"):
         acc.save_state()
-    assert sorted(os.listdir(tmp_path / "project" / "checkpoints")) == [lock.LOCK_NAME]
+    assert sorted(os.listdir(tmp_path / "project")) == [lock.LOCK_NAME]  # no checkpoint, no temporary
     other_run.kill()
     other_run.wait()  # the kernel drops a dead process's lock: no stale lock after a crash
     assert os.path.basename(acc.save_state()) == "checkpoint_0"
@@ -53,7 +53,7 @@ def test_accelerators_of_one_process_share_the_folder_and_end_training_releases_
     assert names == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]  # never the same number twice
     first.end_training()
     second.end_training()
-    folder = tmp_path / "project" / "checkpoints"
+    folder = tmp_path / "project"
     proc = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", "pass"), str(folder)],
                           capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert proc.stdout.strip() == "held", proc.stderr

@@ -161,6 +161,21 @@ def apply_retention(folder: str, total_limit: Optional[int], keep: str) -> List[
     return removed
 
 
+def fsync_tree(directory: str) -> None:
+    """Flush every file below ``directory``, then every folder from the deepest up, then its
+    parent (which holds the name): after it, the checkpoint survives a power loss."""
+    for folder, _, names in os.walk(directory):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for folder, _, _ in sorted(os.walk(directory), key=lambda entry: -entry[0].count(os.sep)):
+        _fsync_dir(folder)
+    _fsync_dir(os.path.dirname(os.path.abspath(directory)))
+
+
 def _fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)

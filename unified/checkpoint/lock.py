@@ -2,7 +2,7 @@
 
 Two runs that share a ``project_dir`` with automatic naming would both pick ``checkpoint_N``,
 delete each other's temporary directories and replace each other's checkpoints. The main
-process of a run therefore holds an advisory ``flock`` on ``<folder>/.unified.lock`` from its
+process of a run therefore holds an advisory ``flock`` on ``<project_dir>/.unified.lock`` from its
 first save until ``end_training`` (or its exit: the kernel drops the lock with the process, so
 a crashed run never leaves the folder locked). The file names the holder, for the error that
 the second run gets. Accelerators of one process share the lock: they are the same run.

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import stat
+import threading
 import time
 import uuid
 import zlib
@@ -103,6 +104,7 @@ class CheckpointManager:
         # arrays split across processes, where the backend has them: sharded.<format>/ in a checkpoint
         self.sharding: Optional[ShardedArrays] = backend if isinstance(backend, ShardedArrays) else None
         self.sharded_dir = f"sharded.{self.sharding.sharded_format}" if self.sharding else None
+        self._durability: Optional[threading.Thread] = None  # main process: fsync, then retention
         self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
         self._held_folder: Optional[str] = None
 
@@ -169,7 +171,7 @@ class CheckpointManager:
             if output_dir is not None:
                 raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
-            self._hold_folder(folder)
+            self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
             iteration = config.iteration
             highest = layout.highest_number(folder) if self.backend.process_index == 0 else None
@@ -311,6 +313,7 @@ class CheckpointManager:
         if any("error" in r for r in reports):
             shutil.rmtree(tmp, ignore_errors=True)
             return
+        self.wait_until_durable()  # the previous save's retention comes first
         try:
             self._write_manifest_and_rename(final, tmp, token, reports, iteration)
         except OSError:
@@ -318,8 +321,27 @@ class CheckpointManager:
             raise
         parent = os.path.dirname(os.path.abspath(final))
         layout.remove_stale_temporaries(parent)
+        # Older checkpoints are deleted only once this one is on disk (every file and folder
+        # fsynced), in the background: a power loss never leaves only a torn newest checkpoint.
+        self._durability = threading.Thread(target=self._make_durable_then_retain, args=(final, parent),
+                                            name="unified-checkpoint-durability", daemon=True)
+        self._durability.start()
+
+    def _make_durable_then_retain(self, final: str, parent: str) -> None:
+        try:
+            layout.fsync_tree(final)
+        except OSError as err:  # the checkpoint may not survive a power loss: keep the older ones
+            warnings.warn(f"{final}: could not be synced to disk ({err}); older checkpoints are kept"
+                          + see("fsync-failed"), stacklevel=1)
+            return
         if self.config.automatic_checkpoint_naming:
             layout.apply_retention(parent, self.config.total_limit, keep=final)
+
+    def wait_until_durable(self) -> None:
+        """Main process: wait until the last committed checkpoint is synced and retention applied."""
+        if self._durability is not None:
+            self._durability.join()
+            self._durability = None
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
                                    iteration: int) -> None:
