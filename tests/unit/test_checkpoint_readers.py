@@ -326,12 +326,7 @@ def _check_accepted_types(manifest: Dict[str, Any]) -> None:
 def test_signed_manifests_with_hostile_fields_raise_only_checkpoint_errors(tmp_path_factory, field, value):
     directory = str(tmp_path_factory.mktemp("m"))
     _signed(directory, {**_body({"model_0.safetensors": {"size": 1, "xxh3": "0" * 16}}), field: value})
-    try:
-        manifest = read_manifest(directory)
-    except CheckpointError as err:
-        assert MANIFEST in str(err)
-    else:
-        _check_accepted_types(manifest)
+    _read_refused_or_well_typed(directory)
 
 
 @SETTINGS
@@ -340,6 +335,11 @@ def test_signed_manifests_with_hostile_fields_raise_only_checkpoint_errors(tmp_p
 def test_signed_manifests_with_hostile_file_entries_raise_only_checkpoint_errors(tmp_path_factory, entry, name):
     directory = str(tmp_path_factory.mktemp("m"))
     _signed(directory, _body({name: entry}))
+    _read_refused_or_well_typed(directory)
+
+
+def _read_refused_or_well_typed(directory: str) -> None:
+    """Reading a hostile manifest raises a CheckpointError naming it, or gives well-typed fields."""
     try:
         manifest = read_manifest(directory)
     except CheckpointError as err:

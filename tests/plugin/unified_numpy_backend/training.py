@@ -7,20 +7,9 @@ import random
 
 import numpy as np
 
+from tests.conformance.training import Counter  # the registered object every profile trains with
+
 from .core import NumpyModel, NumpySGD
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.steps = 0
-        self.history = np.zeros(4, dtype=np.float64)
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps, "history": self.history.copy(), "note": ("ok", 1)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = state["steps"]
-        self.history = np.array(state["history"])
 
 
 class NumpyTraining:
