@@ -4,7 +4,9 @@ Each backend names a `Launcher` in its spec. The default one starts the backend'
 service (if it has one) on machine 0 and N workers per machine, each told its place by a
 `unified.environment.ProcessEnvironment`; a backend may start its workers otherwise (torch:
 through torchrun). Every path shares `run_group`: output prefixed with the process index, the
-first failure stops every other process, Ctrl-C stops all of them.
+first failure stops every other process, Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) stops all of them,
+and so does the end of our output's reader (`unified launch ... | head`). No child outlives the
+launcher: each runs through `unified.parent_watch` and is killed when its parent dies.
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
 from .errors import see
+from .parent_watch import PARENT_VARIABLE, watched
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 
 __all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "Worker"]
@@ -29,6 +32,11 @@ GRACE_SECONDS = 10.0
 # With several machines, machine 0 keeps services (the JAX coordinator) up this long after its
 # own workers ended, so that the other machines' workers can say goodbye to it.
 SERVICE_LINGER_SECONDS = 10.0
+# Ended by one of these, the launcher stops its children (SIGINT forwarded as SIGINT, the others
+# as SIGTERM) and exits 128 + the signal's number. torchrun handles the same set.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# The exit code when our output's reader went away: a shell reports a process killed by SIGPIPE so.
+OUTPUT_CLOSED_CODE = 128 + signal.SIGPIPE
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
@@ -136,39 +144,133 @@ class Launcher:
         return workers
 
 
-def _pump(stream, label: Callable[[str], str], lock: threading.Lock) -> None:
+class _Output:
+    """Our stdout, shared by the pumps. When its reader is gone (``| head``), what follows is
+    discarded: the pumps go on draining the children's pipes, so that no child blocks on a full
+    pipe, and `run_group` stops the group."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.closed.is_set():
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except OSError:  # BrokenPipeError; EIO once a terminal is gone
+                _discard(sys.stdout)
+                self.closed.set()
+
+
+def _discard(stream: TextIO) -> None:
+    """Point ``stream``'s file descriptor at /dev/null, so that what is still buffered, and the
+    interpreter's flush at exit, cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _note(message: str) -> None:
+    """Write ``message`` to stderr, which may be the closed pipe too (``2>&1 | head``)."""
+    try:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+    except OSError:
+        _discard(sys.stderr)
+
+
+def _pump(stream: IO[bytes], label: Callable[[str], str], output: _Output) -> None:
+    """Copy a child's output, line by line and labelled, until the child closes it."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         # progress bars redraw with "\r": label every redrawn fragment, not only the first
-        text = "\r".join(label(part) if part else part for part in line.split("\r"))
-        with lock:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
+        output.write("\r".join(label(part) if part else part for part in line.split("\r")) + "\n")
     stream.close()
 
 
-def _signal_all(procs: Sequence[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+def _parents() -> Dict[int, int]:
+    """Every process's parent, from /proc (empty where there is none)."""
+    parents: Dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return parents
+    for entry in filter(str.isdigit, entries):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as file:
+                # the command name, in parentheses, may hold spaces and parentheses itself
+                parents[int(entry)] = int(file.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return parents
+
+
+def _descendants(roots: Set[int]) -> Set[int]:
+    """The processes below ``roots`` (children, their children, ...), not ``roots`` themselves."""
+    parents = _parents()
+    found: Set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _groups(pids: Set[int]) -> Set[int]:
+    """The process groups of ``pids`` (those still alive), never the launcher's own."""
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except OSError:
+            pass
+    return groups - {os.getpgrp()}
+
+
+def _signal_groups(groups: Set[int], sig: int) -> None:
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _stop_all(procs: Sequence[subprocess.Popen], first: int = signal.SIGTERM) -> None:
-    _signal_all(procs, first)
+    """Send ``first`` to the process group of every running child, wait up to `GRACE_SECONDS`,
+    then SIGKILL those groups and the groups of everything the children started: torchrun puts
+    each worker in a session of its own, out of reach of a signal to torchrun's group."""
+    running = [p for p in procs if p.poll() is None]
+    _signal_groups({p.pid for p in running}, first)
     deadline = time.monotonic() + GRACE_SECONDS
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+    while time.monotonic() < deadline and any(p.poll() is None for p in running):
         time.sleep(0.05)
-    _signal_all(procs, signal.SIGKILL)
+    # The group of a child that ended in the grace period may still hold processes it started;
+    # while it holds any, its number cannot be given to another process, so signalling it is safe.
+    stuck = {p.pid for p in running if p.poll() is None}
+    _signal_groups({p.pid for p in running} | _groups(_descendants(stuck)), signal.SIGKILL)
     for proc in procs:
         proc.wait()
 
 
+def _start(worker: Worker, output: _Output) -> Tuple[subprocess.Popen, threading.Thread]:
+    """Start ``worker`` in a session of its own, through `unified.parent_watch`, and its pump."""
+    proc = subprocess.Popen(watched(worker.argv), env={**worker.env, PARENT_VARIABLE: str(os.getpid())},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, output), daemon=True)
+    pump.start()
+    return proc, pump
+
+
 def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
     """Run the workers to completion; the first failure stops the rest. Returns the exit code."""
-    lock = threading.Lock()
+    output = _Output()
     procs: List[subprocess.Popen] = []
     pumps: List[threading.Thread] = []
     interrupted: List[int] = []
@@ -176,43 +278,50 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
     def on_signal(signum, _frame):
         interrupted.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
     try:
         for worker in workers:
-            proc = subprocess.Popen(worker.argv, env=worker.env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc, pump = _start(worker, output)
             procs.append(proc)
-            pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, lock), daemon=True)
-            pump.start()
             pumps.append(pump)
-        mains = [p for p, w in zip(procs, workers) if not w.service]
-        code = 0
-        while True:
-            if interrupted:
-                _stop_all(procs, signal.SIGINT if interrupted[0] == signal.SIGINT else signal.SIGTERM)
-                code = 130 if interrupted[0] == signal.SIGINT else 143
-                break
-            codes = [p.poll() for p in mains]
-            failed = [c for c in codes if c not in (None, 0)]
-            failed += [p.returncode or 1 for p, w in zip(procs, workers) if w.service and p.poll() is not None]
-            if failed:
-                code = failed[0] if failed[0] > 0 else 128 - failed[0]
-                _stop_all(procs)
-                break
-            if all(c == 0 for c in codes):
-                time.sleep(SERVICE_LINGER_SECONDS if len(mains) < len(procs) and remote_peers else 0)
-                _stop_all(procs)
-                break
-            time.sleep(0.05)
+        code = _supervise(procs, workers, output, interrupted, remote_peers)
+    except BaseException:
+        _stop_all(procs)
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     for pump in pumps:
         pump.join(timeout=5)
-    if code:
-        sys.stderr.write(f"unified launch: a process failed (exit code {code}); stopped the others.{see('launch-process-failed')}\n")
+    if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
+        _note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
+    elif code:
+        _note(f"unified launch: a process failed (exit code {code}); stopped the others.{see('launch-process-failed')}")
     return code
+
+
+def _supervise(procs: Sequence[subprocess.Popen], workers: Sequence[Worker], output: _Output,
+               interrupted: List[int], remote_peers: bool) -> int:
+    """Poll the children until the group is done; stop them all; return the exit code."""
+    mains = [p for p, w in zip(procs, workers) if not w.service]
+    while True:
+        if interrupted:
+            _stop_all(procs, signal.SIGINT if interrupted[0] == signal.SIGINT else signal.SIGTERM)
+            return 128 + interrupted[0]
+        if output.closed.is_set():
+            _stop_all(procs)
+            return OUTPUT_CLOSED_CODE
+        codes = [p.poll() for p in mains]
+        failed = [c for c in codes if c not in (None, 0)]
+        failed += [p.returncode or 1 for p, w in zip(procs, workers) if w.service and p.poll() is not None]
+        if failed:
+            _stop_all(procs)
+            return failed[0] if failed[0] > 0 else 128 - failed[0]
+        if all(c == 0 for c in codes):
+            time.sleep(SERVICE_LINGER_SECONDS if len(mains) < len(procs) and remote_peers else 0)
+            _stop_all(procs)
+            return 0
+        time.sleep(0.05)
 
 
 def launch(args: argparse.Namespace) -> int:

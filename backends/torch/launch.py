@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 
 from unified.environment import ProcessEnvironment
 from unified.launch import Launcher, LaunchPlan, Worker
+from unified.parent_watch import watched
 
 # Hosts the rendezvous store outside the workers, as torchrun's agent does.
 _STORE_HOST = ("import time, torch.distributed as d; "
@@ -41,15 +42,19 @@ class TorchrunLauncher(Launcher):
             "--master-addr", plan.main_process_ip,
             "--master-port", str(plan.port),
             "--tee", "3",
-            *plan.command,
+            # torchrun starts each worker in a session of its own; through the wrapper, the worker
+            # dies with torchrun (torchrun adds "python -u" itself without --no-python)
+            "--no-python", *watched([sys.executable, "-u", *plan.command]),
         ]
         offset = plan.machine_rank * plan.num_processes
         tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
+        # torchrun's failure summary names the first argument of the worker command, the wrapper
+        wrapper_failed, script_failed = f"{watched([])[-1]} FAILED", f"{plan.command[0]} FAILED"
 
         def label(line: str) -> str:
             match = tag.match(line)
             if not match:
-                return f"[launcher] {line}"
+                return f"[launcher] {line.replace(wrapper_failed, script_failed)}"
             # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
             return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
 
