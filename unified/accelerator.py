@@ -384,8 +384,7 @@ class Accelerator:
         return final
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a background `save_state(async_save=True)` is committed, and the newest
-        checkpoint is on disk (synced) with retention applied; re-raise a save's error.
+        """Block until a background `save_state(async_save=True)` is committed; re-raise its error.
 
         Example:
             >>> accelerator.save_state(async_save=True)
@@ -393,7 +392,6 @@ class Accelerator:
         """
         pending, self._async_save = self._async_save, None
         if pending is None:
-            self._checkpoints.wait_until_durable()
             return
         pending.release()
         error: Optional[BaseException] = None
@@ -404,7 +402,6 @@ class Accelerator:
         # A collective after the join: the main process has committed when anyone returns, and
         # a failure on any process fails the call everywhere, with every process's reason.
         failed = self._collectives.share_failure(error, "wait_for_checkpoint")
-        self._checkpoints.wait_until_durable()
         if failed:  # the main process's reason already lists every process's report
             rank, reason = failed[0]
             raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
@@ -492,6 +489,7 @@ class Accelerator:
             >>> accelerator.end_training()
         """
         self._finish_pending()
+        self._checkpoints.wait_until_durable()  # the last checkpoint is on disk, retention applied
         self._checkpoints.release_folder()
         self._collectives.barrier("end_training")
         if self._watchdog is not None:

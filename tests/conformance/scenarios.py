@@ -178,9 +178,8 @@ def ckpt_first_run(state: dict) -> dict:
     final = run.param_hash()
     # naming, retention and collision checks on top of the run's own checkpoint
     more = [acc.save_state() for _ in range(3)]
-    acc.wait_for_checkpoint()  # older checkpoints go once the newest is on disk (fsynced)
+    acc.end_training()  # older checkpoints go once the newest is on disk (fsynced): at the latest here
     listing = sorted(os.listdir(_shared("project", "checkpoints")))
-    acc.end_training()
     return {"saved": saved, "after_save_draws": after_save, "final_hash": final, "hashes": hashes,
             "more": more, "listing": listing, "iteration": acc.project_configuration.iteration}
 

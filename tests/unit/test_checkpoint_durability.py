@@ -25,13 +25,13 @@ def test_retention_waits_until_the_new_checkpoint_is_synced(tmp_path, monkeypatc
     config = ProjectConfiguration(str(tmp_path / "run"), automatic_checkpoint_naming=True, total_limit=1)
     acc = MemoryGroup(1).accelerator(0, project_config=config)
     acc.save_state()
-    acc.wait_for_checkpoint()
+    acc._checkpoints.wait_until_durable()
     release.clear()  # the next sync is slow: checkpoint_1 is committed but not yet on disk
     acc.save_state()
     folder = tmp_path / "run" / "checkpoints"
     assert sorted(os.listdir(folder)) == ["checkpoint_0", "checkpoint_1"]  # the durable one stays
     release.set()
-    acc.wait_for_checkpoint()  # waits for the sync, then retention
+    acc.end_training()  # waits for the sync, then retention
     assert sorted(os.listdir(folder)) == ["checkpoint_1"]
     assert synced == ["checkpoint_0", "checkpoint_1"]
 

@@ -330,6 +330,8 @@ class CheckpointManager:
     def _make_durable_then_retain(self, final: str, parent: str) -> None:
         try:
             layout.fsync_tree(final)
+        except FileNotFoundError:  # deleted meanwhile (by the user): nothing to make durable
+            return
         except OSError as err:  # the checkpoint may not survive a power loss: keep the older ones
             warnings.warn(f"{final}: could not be synced to disk ({err}); older checkpoints are kept"
                           + see("fsync-failed"), stacklevel=1)
