@@ -146,21 +146,14 @@ def test_closed_stdout_stops_the_group(backend, group):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sighup_to_the_launcher_stops_the_group(backend, group):
-    launcher = group.start(backend)
+@pytest.mark.parametrize("sig, worker_args", [(signal.SIGHUP, ()), (signal.SIGTERM, ("--ignore-sigterm",))],
+                         ids=["sighup", "sigterm-to-workers-that-ignore-it"])
+def test_a_stop_signal_to_the_launcher_stops_the_group(backend, group, sig, worker_args):
+    launcher = group.start(backend, *worker_args)
     group.wait_for_workers()
-    launcher.send_signal(signal.SIGHUP)
+    launcher.send_signal(sig)
     code = _exit_code(launcher, GRACE_BOUND_SECONDS)
-    assert (code, group.survivors()) == (128 + signal.SIGHUP, set()), group.log()
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sigterm_to_the_launcher_kills_workers_that_ignore_it(backend, group):
-    launcher = group.start(backend, "--ignore-sigterm")
-    group.wait_for_workers()
-    launcher.send_signal(signal.SIGTERM)
-    code = _exit_code(launcher, GRACE_BOUND_SECONDS)
-    assert (code, group.survivors()) == (128 + signal.SIGTERM, set()), group.log()
+    assert (code, group.survivors()) == (128 + sig, set()), group.log()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

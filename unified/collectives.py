@@ -207,7 +207,7 @@ class ArraysAsBytes(ArrayCollectives):
         return [self.backend.from_numpy(np.concatenate(parts)) for parts in self._gathered(arrays, key, timeout)]
 
     def all_reduce_arrays(self, arrays: Sequence[Any], op: str, key: str, timeout: float) -> List[Any]:
-        return [self.backend.from_numpy(np.sum(parts, axis=0).reshape(np.shape(self.backend.to_numpy(a))))
+        return [self.backend.from_numpy(np.sum(parts, axis=0).reshape(np.shape(a)))
                 for a, parts in zip(arrays, self._gathered(arrays, key, timeout))]
 
     def broadcast_arrays(self, arrays: Sequence[Any], src: int, key: str, timeout: float) -> List[Any]:
@@ -215,5 +215,5 @@ class ArraysAsBytes(ArrayCollectives):
         for i, array in enumerate(arrays):
             data = self.backend.broadcast_bytes(self._encode(array) if self.backend.process_index == src else None,
                                                 src, f"{key}[{i}]", timeout)
-            out.append(self.backend.from_numpy(self._decode(data).reshape(np.shape(self.backend.to_numpy(array)))))
+            out.append(self.backend.from_numpy(self._decode(data).reshape(np.shape(array))))
         return out

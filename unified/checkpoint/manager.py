@@ -200,17 +200,30 @@ class CheckpointManager:
         at once when another live run holds it."""
         if self._held_folder == folder:
             return
+        def hold() -> None:
+            self.release_folder()
+            self._lock_key = lock.acquire(folder)
+
+        failed = self._on_main_process("save_state (lock)", hold, lambda err: err)
+        if failed:
+            raise CheckpointError(f"process {failed[0]}: {failed[1]}" + see("folder-in-use"))
+        self._held_folder = folder
+
+    def _on_main_process(self, operation: str, action: Callable[[], None],
+                         failure_of: Callable[[OSError], BaseException]) -> Optional[Tuple[int, str]]:
+        """Run ``action`` on the main process only (the others wait); an `OSError` or
+        `CheckpointError` there, as ``failure_of`` words it, reaches every process at once:
+        raised where it happened, returned as ``(process, reason)`` elsewhere."""
         failure: Optional[BaseException] = None
         if self.backend.process_index == 0:
             try:
-                self.release_folder()
-                self._lock_key = lock.acquire(folder)
-            except (CheckpointError, OSError) as err:
+                action()
+            except CheckpointError as err:
                 failure = err
-        failed = self.collectives.share_failure(failure, "save_state (lock)")
-        if failed:
-            raise CheckpointError(f"process {failed[0][0]}: {failed[0][1]}" + see("folder-in-use"))
-        self._held_folder = folder
+            except OSError as err:
+                failure = failure_of(err)
+        failed = self.collectives.share_failure(failure, operation)
+        return failed[0] if failed else None
 
     def release_folder(self) -> None:
         """Unlock the folder this run held (`end_training`)."""
@@ -264,15 +277,12 @@ class CheckpointManager:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
-        failure: Optional[BaseException] = None
-        if self.backend.process_index == 0:
-            try:
-                self._commit(final, tmp, token, reports, snap.iteration)
-            except OSError as err:  # full disk, file-size limit...: nobody may wait for the timeout
-                failure = _commit_error(final, err)
-        failed = self.collectives.share_failure(failure, "save_state (committed)")
+        # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
+        failed = self._on_main_process("save_state (committed)",
+                                       lambda: self._commit(final, tmp, token, reports, snap.iteration),
+                                       lambda err: _commit_error(final, err))
         if failed:
-            raise CheckpointError(f"a save_state failed on process {failed[0][0]}: {failed[0][1]}" + see("background-save-failed"))
+            raise CheckpointError(f"a save_state failed on process {failed[0]}: {failed[1]}" + see("background-save-failed"))
         _raise_reported(final, reports)
         return final
 
@@ -387,16 +397,12 @@ class CheckpointManager:
     def _recover(self, target: str) -> None:
         """The main process puts back a checkpoint that a save interrupted between its two renames
         left set aside; the others wait for it (every process renaming at once would race)."""
-        failure: Optional[BaseException] = None
-        if self.backend.process_index == 0:
-            try:
-                layout.recover(target)
-            except OSError as err:
-                failure = CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
-                                          f"({err})" + see("recover-failed"))
-        failed = self.collectives.share_failure(failure, "load_state (recover)")
+        failed = self._on_main_process(
+            "load_state (recover)", lambda: layout.recover(target),
+            lambda err: CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
+                                        f"({err})" + see("recover-failed")))
         if failed:
-            raise CheckpointError(f"{target}: process {failed[0][0]} could not repair it: {failed[0][1]}" + see("recover-failed"))
+            raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
 
     def load(self, directory: str) -> Dict[str, Any]:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
@@ -436,9 +442,7 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects"
                                   + see("sharded-no-counterpart"))
-        if self.sharding is None:
-            raise CheckpointError(f"{directory}: holds arrays sharded across processes, which the {self.backend.name!r} "
-                                  "backend cannot read" + see("sharded-no-counterpart"))
+        # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
         restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()})
         by_name = {names[k]: v for k, v in restored.items()}
         return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
