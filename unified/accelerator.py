@@ -6,7 +6,7 @@ import functools
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
-from .backend import Autograd, Backend, DeviceMesh, KeyStream, TrainingObjects, WriteGuards, require
+from .backend import Autograd, Backend, DeviceMesh, KeyStream, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
 from .config import DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
@@ -16,6 +16,7 @@ from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
+from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .watchdog import Watchdog
 
 __all__ = ["Accelerator"]
@@ -35,6 +36,12 @@ class Accelerator:
         seed: seeds Python, NumPy and the framework (and the JAX key stream) on every process.
         timeout: default seconds any collective waits for the other processes (1800); also how
             long a process's heartbeat may stay silent before the others treat it as lost.
+        mixed_precision: ``"no"``, ``"fp16"`` (torch) or ``"bf16"``; default
+            ``UNIFIED_MIXED_PRECISION`` (``unified launch --mixed-precision``), else ``"no"``.
+            torch: prepared forwards run under ``torch.autocast`` (outputs in float32), fp16
+            scales the loss. JAX: prepared NNX modules compute in bfloat16, parameters and
+            optimizer state stay float32.
+        gradient_accumulation_steps: micro-batches per optimizer step (see `accumulate`).
 
     Example:
         >>> from unified import Accelerator
@@ -50,13 +57,18 @@ class Accelerator:
         project_config: Optional[ProjectConfiguration] = None,
         seed: Optional[int] = None,
         timeout: float = DEFAULT_TIMEOUT,
+        mixed_precision: Optional[str] = None,
+        gradient_accumulation_steps: int = 1,
         **accelerate_kwargs: Any,
     ) -> None:
         _reject_unknown(accelerate_kwargs)
+        self.mixed_precision: str = resolve_mixed_precision(mixed_precision)
+        self.gradient_state = GradientState(num_steps=resolve_accumulation_steps(gradient_accumulation_steps))
         if isinstance(backend, Backend):
             self._backend = backend
         else:
             self._backend = create_backend(resolve_backend_name(backend))
+        self._loop = _loop_backend(self._backend, self.mixed_precision, self.gradient_state.num_steps)
         self._backend.start(float(timeout))
         self._collectives = Collectives(self._backend, timeout)
         self._watchdog = self._start_watchdog(float(timeout))
@@ -84,6 +96,18 @@ class Accelerator:
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
         self._prepared: List[Tuple[str, Any]] = []
+        if self._loop is not None:
+            self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes))
+            if self.gradient_accumulation_steps > 1 or self.mixed_precision == "fp16":
+                # the position inside the window, its gradients so far and the loss scale
+                self._checkpoints.add(Entry("training_loop", self._loop_state, self._load_loop_state, managed=False))
+
+    def _loop_state(self) -> Dict[str, Any]:
+        return {"gradient_state": self.gradient_state.state_dict(), "backend": self._loop.loop_state()}
+
+    def _load_loop_state(self, state: Dict[str, Any]) -> None:
+        self.gradient_state.load_state_dict(state["gradient_state"])
+        self._loop.load_loop_state(state["backend"])
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -296,6 +320,7 @@ class Accelerator:
     def _prepare_one(self, position: int, obj: Any) -> Any:
         loader = prepare_loader(obj, self._backend, self.seed)
         if loader is not None:
+            loader.on_batch = self.gradient_state.saw_batch  # the end of a loader closes a window
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict)
             return loader
         result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None
@@ -445,8 +470,14 @@ class Accelerator:
 
         Example:
             >>> accelerator.unwrap_model(model).state_dict()
+            >>> plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # forward without autocast
         """
-        return self._backend.unwrap_model(model) if isinstance(self._backend, TrainingObjects) else model
+        if not isinstance(self._backend, TrainingObjects):
+            return model
+        model = self._backend.unwrap_model(model)
+        if not keep_fp32_wrapper and self._loop is not None:
+            model = self._loop.strip_autocast(model)
+        return model
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """``loss.backward()`` (torch). JAX computes gradients inside the jitted step instead.
@@ -471,6 +502,106 @@ class Accelerator:
             os.makedirs(save_directory, exist_ok=True)
             save_arrays(path, self._backend, require(self._backend, TrainingObjects, "save_model()").state_of("model", model))
         return path
+
+    # -- the training loop ----------------------------------------------------------------------
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step (``Accelerator(gradient_accumulation_steps=...)``)."""
+        return self.gradient_state.num_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-batch that closes an accumulation window (every N-th one, and the
+        last batch of a prepared loader): the optimizer really steps then.
+
+        Example:
+            >>> with accelerator.accumulate(model):
+            ...     accelerator.backward(loss)
+            ...     if accelerator.sync_gradients:
+            ...         accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        """
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when a prepared optimizer skipped its last step (fp16 gradients with inf/NaN).
+
+        Example:
+            >>> if not accelerator.optimizer_step_was_skipped:
+            ...     ema.update(model)
+        """
+        return self.gradient_state.optimizer_step_skipped
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: Any) -> Any:
+        """One micro-batch of gradient accumulation: inside, gradients are not synchronised
+        across processes and prepared optimizers/schedulers do not step, except on the
+        micro-batch that closes the window (`sync_gradients`). ``backward`` divides the loss by
+        ``gradient_accumulation_steps``. On JAX the prepared ``nnx.Optimizer`` accumulates by
+        itself; ``accumulate`` keeps the count (and closes the window at a loader's end).
+
+        Example:
+            >>> accelerator = Accelerator(gradient_accumulation_steps=4)
+            >>> for batch in loader:
+            ...     with accelerator.accumulate(model):
+            ...         loss = model(batch).mean()
+            ...         accelerator.backward(loss)
+            ...         optimizer.step()
+            ...         optimizer.zero_grad()
+        """
+        self.gradient_state.advance()
+        with contextlib.ExitStack() as stack:
+            if self._loop is not None:
+                self._loop.before_micro_step()
+                if not self.gradient_state.sync_gradients:
+                    for model in models:
+                        stack.enter_context(self._loop.no_sync(model))
+            yield
+
+    def no_sync(self, model: Any) -> "contextlib.AbstractContextManager[None]":
+        """Gradients computed inside are not synchronised across processes (DDP's ``no_sync``;
+        a no-op on JAX, whose jitted step computes global gradients).
+
+        Example:
+            >>> with accelerator.no_sync(model):
+            ...     accelerator.backward(loss)       # local gradients only
+        """
+        return require(self._backend, TrainingLoop, "accelerator.no_sync()").no_sync(model)
+
+    def autocast(self) -> "contextlib.AbstractContextManager[None]":
+        """Compute in the Accelerator's mixed precision outside a prepared forward (torch:
+        ``torch.autocast``; JAX: a no-op, prepared modules already compute in bf16).
+
+        Example:
+            >>> with accelerator.autocast():
+            ...     loss = loss_fn(model(x), y)
+        """
+        if self._loop is None:
+            return contextlib.nullcontext()
+        return self._loop.autocast()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Clip gradients to a total ``max_norm``. torch: ``parameters`` as for
+        ``torch.nn.utils.clip_grad_norm_`` (unscaled first under fp16); returns the total norm
+        before clipping. JAX: ``parameters`` is the gradient tree; returns ``(clipped, norm)``
+        and works inside ``jit``.
+
+        Example:
+            >>> norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)          # torch
+            >>> grads, norm = accelerator.clip_grad_norm_(grads, 1.0)                # JAX
+        """
+        return require(self._backend, TrainingLoop, "accelerator.clip_grad_norm_()").clip_grad_norm_(
+            parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> Any:
+        """Clip every gradient element to ``[-clip_value, clip_value]`` (torch: in place, unscaled
+        first under fp16; JAX: returns the clipped gradient tree).
+
+        Example:
+            >>> accelerator.clip_grad_value_(model.parameters(), 0.5)
+        """
+        return require(self._backend, TrainingLoop, "accelerator.clip_grad_value_()").clip_grad_value_(
+            parameters, clip_value)
 
     def next_key(self) -> Any:
         """A fresh ``jax.random`` key from the Accelerator's stream (seeded by ``seed``; saved
@@ -506,6 +637,23 @@ class Accelerator:
         )
 
 
+def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[TrainingLoop]:
+    """The backend's `TrainingLoop`, or None when the run asks nothing of one; a clear error when
+    it asks what the backend cannot do."""
+    if not isinstance(backend, TrainingLoop):
+        if precision != "no" or steps > 1:
+            what = f"mixed_precision={precision!r}" if precision != "no" else f"gradient_accumulation_steps={steps}"
+            require(backend, TrainingLoop, f"Accelerator({what})")
+        return None
+    if precision not in backend.mixed_precisions:
+        others = [p for p in backend.mixed_precisions if p != "no"]
+        hint = f" Use mixed_precision={others[-1]!r}" + (
+            " (bfloat16 has float32's range, so it needs no loss scaling)." if others[-1] == "bf16" else ".") if others else ""
+        raise ValueError(f"mixed_precision={precision!r} is not supported by the {backend.name!r} backend.{hint}"
+                         + see("mixed-precision-unsupported"))
+    return backend
+
+
 def _only_if(condition: Callable[[], bool], function: F) -> F:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -519,8 +667,6 @@ def _only_if(condition: Callable[[], bool], function: F) -> F:
 # Accelerate keywords accepted so that scripts run unchanged, with the values that mean
 # "nothing special"; any other value is refused rather than silently ignored.
 _NEUTRAL_ACCELERATE_KWARGS = {
-    "mixed_precision": (None, "no"),
-    "gradient_accumulation_steps": (1,),
     "cpu": (False, True),
     "log_with": (None,),
     "split_batches": (False,),
@@ -537,8 +683,8 @@ def _reject_unknown(kwargs: dict) -> None:
     for name, value in kwargs.items():
         if name not in _NEUTRAL_ACCELERATE_KWARGS:
             raise TypeError(
-                f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, "
-                f"project_dir, project_config, seed, timeout, and Accelerate's "
+                f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
+                f"gradient_accumulation_steps, project_dir, project_config, seed, timeout, and Accelerate's "
                 f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
             )
         if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:

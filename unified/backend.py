@@ -17,6 +17,7 @@ code asks ``isinstance(backend, Capability)`` and gives a precise error where on
 `ShardedArrays`        arrays split across processes, written by every process
 `WriteGuards`          async saves straight from live memory
 `ForeignLoaders`       preparing another library's data loader (e.g. a torch DataLoader)
+`TrainingLoop`         mixed precision, gradient accumulation and clipping
 =====================  ===========================================================
 
 A backend is found by name through `unified.registry`; see ``docs/adding-a-backend.md``.
@@ -33,7 +34,7 @@ Exported = Tuple[str, Tuple[int, ...], Any]
 
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
-    "ShardedArrays", "WriteGuards", "ForeignLoaders", "CAPABILITIES",
+    "ShardedArrays", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
 ]
 
 class Backend(abc.ABC):
@@ -259,8 +260,55 @@ class ForeignLoaders(abc.ABC):
         """The prepared form of ``loader``, or ``None`` when it is not a loader this adapts."""
 
 
+class TrainingLoop(abc.ABC):
+    """Mixed precision, gradient accumulation and clipping for the objects the backend prepares.
+
+    `configure_loop` is called once, before any ``prepare``, with the shared
+    `unified.training_loop.LoopSettings`; the backend's prepared objects follow its
+    ``GradientState`` (skip optimizer/scheduler steps between accumulation boundaries, or
+    accumulate inside the optimizer) and compute in its mixed precision.
+    """
+
+    # the ``mixed_precision`` values this backend honours ("no" always)
+    mixed_precisions: Tuple[str, ...] = ("no",)
+
+    @abc.abstractmethod
+    def configure_loop(self, settings: Any) -> None: ...
+
+    @abc.abstractmethod
+    def autocast(self) -> Any:
+        """A context manager computing in the configured mixed precision (outside prepared forwards)."""
+
+    @abc.abstractmethod
+    def no_sync(self, model: Any) -> Any:
+        """A context manager in which ``model``'s gradients are not synchronised across processes."""
+
+    @abc.abstractmethod
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> Any:
+        """Clip by total norm; returns the framework's result (torch: the norm; JAX: (clipped, norm))."""
+
+    @abc.abstractmethod
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> Any: ...
+
+    @abc.abstractmethod
+    def loop_state(self) -> Dict[str, Any]:
+        """State of the loop the backend owns (e.g. fp16 loss scaler, gradients accumulated so far
+        in an open window), saved with every checkpoint; a collective (every process calls it)."""
+
+    @abc.abstractmethod
+    def load_loop_state(self, state: Dict[str, Any]) -> None: ...
+
+    def before_micro_step(self) -> None:
+        """Called by ``accelerator.accumulate`` once the window's position is known."""
+
+    def strip_autocast(self, model: Any) -> Any:
+        """``model`` without the mixed-precision wrapping `prepare` gave it (``unwrap_model(...,
+        keep_fp32_wrapper=False)``)."""
+        return model
+
+
 CAPABILITIES = (TrainingObjects, Autograd, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays,
-                WriteGuards, ForeignLoaders)
+                WriteGuards, ForeignLoaders, TrainingLoop)
 
 
 def capabilities_of(backend: Backend) -> List[str]:

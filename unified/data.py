@@ -105,6 +105,8 @@ class PreparedDataLoader:
         self._batches = batches or (lambda lists, epoch: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
         self.epoch = 0
         self.position = 0  # index of the next global batch in this epoch
+        # told before each batch is yielded whether it is the epoch's last (closes an accumulation window)
+        self.on_batch: Optional[Callable[[bool], None]] = None
 
     # -- the order --------------------------------------------------------------------------------
     @property
@@ -150,6 +152,8 @@ class PreparedDataLoader:
         order = self.epoch_order(self.epoch)
         for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
             self.position += 1  # a checkpoint taken while this batch is in use resumes after it
+            if self.on_batch is not None:
+                self.on_batch(self.position >= len(self))
             yield self._place(batch)
         self.epoch, self.position = self.epoch + 1, 0
 
@@ -346,6 +350,8 @@ class PreparedIterableLoader:
         self._stateful = callable(getattr(self.dataset, "state_dict", None)) and callable(
             getattr(self.dataset, "load_state_dict", None))
         self.items_read_to_skip = 0  # how many items the last iteration read only to drop them
+        # a stream's end is unknown until it is reached: every batch is reported as not the last
+        self.on_batch: Optional[Callable[[bool], None]] = None
 
     @property
     def global_batch_size(self) -> int:
@@ -371,6 +377,8 @@ class PreparedIterableLoader:
             if self.position <= skip_to:  # read and dropped on the host, never collated or placed
                 self.items_read_to_skip += g
                 continue
+            if self.on_batch is not None:
+                self.on_batch(False)
             yield self._backend.place_batch(self._collate(items[mine]))
         self.epoch, self.position = self.epoch + 1, 0
 

@@ -25,6 +25,7 @@ from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnv
 from .errors import see
 from .parent_watch import PARENT_VARIABLE, watched
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
+from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
 __all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "Worker"]
 
@@ -51,6 +52,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--machine-rank", "--machine_rank", type=int, default=0)
     parser.add_argument("--main-process-ip", "--main_process_ip", default="127.0.0.1",
                         help="address of machine 0 (default 127.0.0.1)")
+    parser.add_argument("--mixed-precision", "--mixed_precision", choices=PRECISIONS, default=None,
+                        help="Accelerator(mixed_precision=...) of every process that does not pass it "
+                             f"(sets {PRECISION_VARIABLE})")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -327,6 +331,8 @@ def _supervise(procs: Sequence[subprocess.Popen], workers: Sequence[Worker], out
 def launch(args: argparse.Namespace) -> int:
     """Start the group described by parsed ``args``; returns the exit code."""
     _validate(args)
+    if getattr(args, "mixed_precision", None):
+        os.environ[PRECISION_VARIABLE] = args.mixed_precision  # the workers inherit it
     backend = resolve_backend_name(args.backend)
     port = args.main_process_port
     if port is None:

@@ -25,6 +25,8 @@ from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoade
 from unified.environment import ProcessEnvironment
 from unified.errors import DistributedError, see
 
+from .loop import JaxTrainingLoop
+
 _PREFIX = "unified/"
 
 
@@ -96,7 +98,8 @@ class _KeyValueChannel:
         return {key.rsplit(self._prefix, 1)[-1]: value for key, value in self._client.key_value_dir_get(self._prefix)}
 
 
-class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ForeignLoaders):
+class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ForeignLoaders,
+                 JaxTrainingLoop):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
@@ -338,6 +341,10 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             self.barrier(f"prepare {kind} (arrival)", 600.0)
             host = jax.tree_util.tree_map(np.asarray, multihost_utils.broadcast_one_to_all(host))
         self._write_back(obj, current, host, lambda like: replicated)
+        if kind == "model":
+            self.loop_model(obj)
+        else:
+            self.loop_optimizer(obj)
         return kind, obj
 
     def state_of(self, kind: str, obj: Any) -> Any:

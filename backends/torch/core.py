@@ -19,6 +19,8 @@ from unified.checkpoint.safetensors_io import DTYPE_NAMES
 from unified.environment import ProcessEnvironment
 from unified.errors import DistributedError, first_line, see
 
+from .loop import PreparedScheduler, TorchTrainingLoop
+
 # A wait that has not finished after this long publishes the process's arrival in the
 # rendezvous store, so that a timeout can name the processes that never arrived.
 _ARRIVAL_PROBE_S = 1.0
@@ -46,7 +48,7 @@ class _StoreChannel:
         return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
 
 
-class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders):
+class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders, TorchTrainingLoop):
     """torch.distributed started from torchrun's environment (or one plain process)."""
 
     name = "torch"
@@ -256,17 +258,19 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
     # -- training objects ------------------------------------------------------------------------------
     def prepare(self, obj: Any):
         if isinstance(obj, torch.nn.Module):
-            obj = obj.to(self._device)
+            obj = self.loop_model(obj.to(self._device))
             if self.num_processes > 1 and not isinstance(obj, DDP):
                 has_grads = any(p.requires_grad for p in obj.parameters())
                 if has_grads:
                     obj = _DistributedModel(obj, device_ids=[self._device] if self._device.type == "cuda" else None)
                     obj._unified_backend = weakref.ref(self)  # a weak reference: deepcopy-safe
+            self.loop_prepared_model(obj)
             return "model", obj
         if isinstance(obj, torch.optim.Optimizer):
-            return "optimizer", obj
-        if isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or type(obj).__name__ == "ReduceLROnPlateau":
-            return "scheduler", obj
+            return "optimizer", self.loop_optimizer(obj)
+        if (isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, PreparedScheduler))
+                or type(obj).__name__ == "ReduceLROnPlateau"):
+            return "scheduler", self.loop_scheduler(obj)
         if isinstance(obj, torch.amp.GradScaler):
             return "scaler", obj
         return None
@@ -315,7 +319,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         with self.peer_errors("backward() (the gradient all-reduce)"):
-            loss.backward(**kwargs)
+            self.loss_for_backward(loss).backward(**kwargs)
 
     @contextlib.contextmanager
     def peer_errors(self, what: str) -> Iterator[None]:

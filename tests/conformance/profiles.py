@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from unified.registry import load_object
 
@@ -23,16 +23,20 @@ class Profile:
             with the Accelerator.
         distributed_type: ``accelerator.distributed_type`` expected in a CPU group.
         torch_worker_loaders: run the torch-DataLoader-with-workers scenario on this backend.
+        loop_setup: ``"module:Class"`` of the training-loop setup (see `loop_scenarios.py`) of a
+            backend with the TrainingLoop capability; ``None`` skips the training-loop suite.
     """
 
     training: str
     distributed_type: str
     torch_worker_loaders: bool = False
+    loop_setup: Optional[str] = None
 
 
 _BUILT_IN: Dict[str, Profile] = {
-    "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True),
-    "jax": Profile("training:JaxTraining", "JAX"),
+    "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True,
+                     loop_setup="loop_scenarios:TorchSetup"),
+    "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup"),
 }
 
 

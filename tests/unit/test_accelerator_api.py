@@ -190,8 +190,27 @@ def test_unknown_keyword_raises_type_error(no_framework_backend):
     assert "mixed_precision" in str(info.value)  # lists what is accepted
 
 
-@pytest.mark.parametrize("name, value", [("mixed_precision", "fp16"), ("mixed_precision", "bf16"),
-                                         ("gradient_accumulation_steps", 4), ("log_with", "wandb")])
+@pytest.mark.parametrize("name, value", [("mixed_precision", "fp8"), ("mixed_precision", "half"),
+                                         ("gradient_accumulation_steps", 0), ("gradient_accumulation_steps", 2.5)])
+def test_invalid_training_loop_values_are_refused_before_any_backend(no_framework_backend, name, value):
+    with pytest.raises(ValueError, match=name) as info:
+        Accelerator(**{name: value})
+    assert repr(value) in str(info.value)
+
+
+def test_mixed_precision_from_the_launcher_variable(no_framework_backend, monkeypatch):
+    monkeypatch.setenv("UNIFIED_MIXED_PRECISION", "fp9")
+    with pytest.raises(ValueError, match="UNIFIED_MIXED_PRECISION='fp9'"):
+        Accelerator()
+
+
+@pytest.mark.parametrize("kwargs", [{"mixed_precision": "bf16"}, {"gradient_accumulation_steps": 2}])
+def test_training_loop_on_a_backend_without_it_is_a_clear_error(kwargs):
+    with pytest.raises(unified.MissingCapability, match="TrainingLoop"):
+        MemoryGroup(1).accelerator(0, **kwargs)
+
+
+@pytest.mark.parametrize("name, value", [("log_with", "wandb")])
 def test_unsupported_accelerate_values_raise_not_implemented(no_framework_backend, name, value):
     with pytest.raises(NotImplementedError, match=name) as info:
         Accelerator(**{name: value})

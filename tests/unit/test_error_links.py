@@ -51,6 +51,10 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("backends/jax/core.py", "the checkpoint has {host.dtype}"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+    ("unified/training_loop.py", "the checkpoint was saved with gradient_accumulation_steps"):
+        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+    ("backends/torch/loop.py", "AttributeError(name)"):
+        "__getattr__ of a wrapper: the attribute protocol (not set yet while unpickling)",
     ("unified/data.py", "outside an epoch of"):
         "IndexError of ShuffledOrder.__getitem__: the sequence protocol, as for a list",
 }
