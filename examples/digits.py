@@ -3,6 +3,7 @@
     unified launch -n 2 --backend torch examples/digits.py --max-steps 30 --save-every 10
     unified launch -n 2 --backend torch examples/digits.py --max-steps 60 --resume
     unified launch -n 2 --backend jax   examples/digits.py --project-dir runs/digits-jax --target-accuracy 0.95
+    unified launch -n 2 --mixed-precision bf16 examples/digits.py --grad-accum 2 --max-grad-norm 1.0
     UNIFIED_BACKEND=jax python examples/digits.py --max-steps 20          # one process
 
 Checkpoints go to {project-dir}/checkpoints (the newest 3 are kept); --resume continues from the
@@ -31,9 +32,12 @@ parser.add_argument("--save-every", type=int, default=0, help="save_state() ever
 parser.add_argument("--eval-every", type=int, default=10, help="test accuracy every N steps")
 parser.add_argument("--target-accuracy", type=float, default=0.96, help="stop early at this test accuracy")
 parser.add_argument("--resume", action="store_true", help="load the newest checkpoint and continue")
+parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+parser.add_argument("--max-grad-norm", type=float, default=0.0, help="clip gradients to this norm (0: off)")
 args = parser.parse_args()
 
-accelerator = Accelerator(seed=args.seed, project_config=ProjectConfiguration(
+# mixed_precision comes from `unified launch --mixed-precision` (UNIFIED_MIXED_PRECISION), else "no".
+accelerator = Accelerator(seed=args.seed, gradient_accumulation_steps=args.grad_accum, project_config=ProjectConfiguration(
     args.project_dir, automatic_checkpoint_naming=True, total_limit=3))
 world = accelerator.num_processes
 if args.batch_size % world:
@@ -98,12 +102,15 @@ def torch_setup(train_loader, test_loader):
     model, optimizer, train_loader, test_loader = accelerator.prepare(model, optimizer, train_loader, test_loader)
     accelerator.register_for_checkpointing(scheduler, counter)
 
-    def train_step(x, y):  # this process's rows; DDP averages the gradients
+    def train_step(x, y):  # this process's rows; DDP averages the gradients at each window's end
         loss = torch.nn.functional.cross_entropy(model(x), y.long())  # labels are cached as int32 for JAX
+        accelerator.backward(loss)  # divided by --grad-accum (and scaled under fp16)
+        if args.max_grad_norm and accelerator.sync_gradients:
+            accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()  # the prepared optimizer steps at the end of each accumulation window only
+        if accelerator.sync_gradients:
+            scheduler.step()  # registered, not prepared: stepped by us, once per optimizer step
         optimizer.zero_grad()
-        accelerator.backward(loss)
-        optimizer.step()
-        scheduler.step()
         return loss.detach()
 
     @torch.no_grad()
@@ -128,10 +135,12 @@ def jax_setup(train_loader, test_loader):
 
     @nnx.jit
     def jit_train_step(model, optimizer, x, y):  # x, y: the global batch, so the loss is the global mean
-        def loss_fn(m):
-            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+        def loss_fn(m):  # under bf16 the logits are bfloat16: the loss is computed in float32
+            return optax.softmax_cross_entropy_with_integer_labels(m(x).astype(np.float32), y).mean()
         loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
+        if args.max_grad_norm:
+            grads, _ = accelerator.clip_grad_norm_(grads, args.max_grad_norm)
+        optimizer.update(model, grads)  # with --grad-accum N: applied on every N-th call
         return loss
 
     @nnx.jit
@@ -174,7 +183,8 @@ log = accelerator.on_main_process(bar.write)  # print without breaking the bar
 accuracy, loss, done = float("nan"), float("nan"), counter.step >= args.max_steps
 while not done:
     for x, y in batches:
-        loss = train_step(x, y)
+        with accelerator.accumulate(model):
+            loss = train_step(x, y)
         counter.step += 1
         assert train_loader.epoch * steps_per_epoch + train_loader.position == counter.step, "data out of step"
         bar.update(1)
