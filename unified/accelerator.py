@@ -355,12 +355,12 @@ class Accelerator:
         Example:
             >>> accelerator.register_for_checkpointing(scheduler, my_counter)
         """
-        bad = [f"- item {i}: {type(o).__qualname__}" for i, o in enumerate(objects)
+        bad = [f"\n\t- Item at index {i}, `{_pretty_name(o)}`" for i, o in enumerate(objects)
                if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
-        if bad:
+        if bad:  # Accelerate's wording, which its tests and scripts match
             raise RegistrationError(
                 "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
-                "The following inputs are invalid:\n" + "\n".join(bad) + see("registration-error")
+                "The following inputs are invalid:" + "".join(bad) + see("registration-error")
             )
         for obj in objects:
             self._track("custom_checkpoint", obj, obj.state_dict,
@@ -652,6 +652,13 @@ def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[Trai
         raise ValueError(f"mixed_precision={precision!r} is not supported by the {backend.name!r} backend.{hint}"
                          + see("mixed-precision-unsupported"))
     return backend
+
+
+def _pretty_name(obj: Any) -> str:
+    """Accelerate's ``get_pretty_name``: a class's or function's own name, else its type's."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
 
 
 def _only_if(condition: Callable[[], bool], function: F) -> F:

@@ -366,3 +366,28 @@ def test_memory_backend_rng_state_round_trip():
     assert backend.rng.random(4).tolist() == first
     with pytest.raises(KeyError):
         backend.set_rng_state({})
+
+
+def test_register_for_checkpointing_names_offenders_as_accelerate_does():
+    """Accelerate's own test (tests/test_state_checkpointing.py::test_invalid_registration)."""
+
+    class Stateful:
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            pass
+
+    def helper():
+        pass
+
+    _, results = run_group(1, lambda a: a.register_for_checkpointing(np.zeros(1), np.ones(1), Stateful(), helper))
+    err = results[0]
+    assert isinstance(err, ValueError) and isinstance(err, TypeError)
+    message = str(err)
+    assert "Item at index 0, `ndarray`" in message and "Item at index 1" in message
+    assert "Item at index 2" not in message
+    assert "Item at index 3, `test_register_for_checkpointing_names_offenders_as_accelerate_does.<locals>.helper`" in message
+    assert message.startswith("All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                              "The following inputs are invalid:\n\t- Item at index 0, `ndarray`")
+    assert "troubleshooting.md#registration-error" in message
