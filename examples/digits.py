@@ -161,11 +161,11 @@ model, train_loader, test_loader, train_step, correct = {"torch": torch_setup, "
     train_loader, test_loader)
 
 def test_accuracy():
-    """Accuracy on the whole test set: each process scores its rows, `gather` joins them."""
+    """Accuracy on the whole test set: each process scores its rows, `gather_for_metrics` joins
+    them without the samples repeated to fill up the last batch, so each counts once."""
     hits = 0.0
-    for k, (x, y) in enumerate(test_loader):
-        batch = accelerator.gather(correct(x, y))  # the global batch, in order, on every process
-        hits += float(batch[:len(batch) - test_loader.padding_in_batch(k)].sum())
+    for x, y in test_loader:
+        hits += float(accelerator.gather_for_metrics(correct(x, y)).sum())
     return hits / len(test_loader.dataset)
 
 

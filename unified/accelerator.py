@@ -14,6 +14,7 @@ from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
+from .metrics import Metrics
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
@@ -96,6 +97,7 @@ class Accelerator:
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
         self._prepared: List[Tuple[str, Any]] = []
+        self._metrics = Metrics(self._collectives)
         if self._loop is not None:
             self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes))
             if self.gradient_accumulation_steps > 1 or self.mixed_precision == "fp16":
@@ -280,6 +282,36 @@ class Accelerator:
         """
         return self._collectives.gather(tree)
 
+    def gather_for_metrics(self, tree: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, minus the samples that a prepared loader repeated to even out the end of the
+        epoch, so that an evaluation sees each sample exactly once.
+
+        Call it on per-sample values (first axis: the rows of the batch in use) while iterating a
+        prepared loader; the innermost loader being iterated decides which gathered rows are
+        repeats. On JAX a global ``jax.Array`` sharded over the processes (a prepared batch, a
+        jitted step's per-sample output) is already global: the result is its rows without the
+        repeats, as a process-local array equal on every process. With ``use_gather_object=True``
+        (or a list of values that are not arrays, e.g. strings) it returns one list of the
+        per-sample values of every process, without repeats (JSON and arrays; no pickle).
+
+        Example:
+            >>> for x, y in eval_loader:            # 10 samples, batch 3, 3 processes
+            ...     preds, labels = accelerator.gather_for_metrics((model(x).argmax(-1), y))
+            ...     correct += (preds == labels).sum()   # the last batch: 1 sample, not 9
+        """
+        return self._metrics.gather_for_metrics(tree, use_gather_object)
+
+    def pad_across_processes(self, tree: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+        """Pad every array of ``tree`` along ``dim`` to its largest size over the processes, with
+        ``pad_index`` after the data (before it with ``pad_first``), so that they can be gathered.
+        Arrays without axis ``dim`` are returned as they are. A collective.
+
+        Example:
+            >>> tokens = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
+            >>> tokens = accelerator.gather_for_metrics(tokens)
+        """
+        return self._metrics.pad_across_processes(tree, dim, pad_index, pad_first)
+
     def reduce(self, tree: Any, reduction: str = "sum") -> Any:
         """Element-wise ``"sum"`` or ``"mean"`` over processes, on every process.
 
@@ -321,6 +353,7 @@ class Accelerator:
         loader = prepare_loader(obj, self._backend, self.seed)
         if loader is not None:
             loader.on_batch = self.gradient_state.saw_batch  # the end of a loader closes a window
+            self._metrics.watch(loader)
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict)
             return loader
         result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None

@@ -59,6 +59,9 @@ class Backend(abc.ABC):
     # True when the framework never changes an array in place: an async save may then write
     # from views of the live arrays instead of copying them first.
     immutable_arrays: bool = False
+    # False when the processes' batches of one step form a single global array (JAX), so a
+    # prepared batch sampler must give every process a batch of the same size.
+    uneven_batches: bool = True
 
     # -- identity (set by `start`) ---------------------------------------------------------
     process_index: int = 0
@@ -136,6 +139,18 @@ class Backend(abc.ABC):
         (checkpoints check them against the file before restoring anything)."""
         dtype, shape, _ = self.export_array(value)
         return dtype, tuple(shape)
+
+    def pad_array(self, value: Any, dim: int, length: int, pad_index: Any, pad_first: bool) -> Any:
+        """``value`` grown along axis ``dim`` (>= 0) to ``length`` with ``pad_index``, before the
+        data when ``pad_first``, keeping its dtype and device (`pad_across_processes`). This default
+        goes through NumPy; a backend overrides it to stay on the device."""
+        import numpy as np
+
+        host = np.asarray(self.to_numpy(value))
+        widths = [(0, 0)] * host.ndim
+        extra = length - host.shape[dim]
+        widths[dim] = (extra, 0) if pad_first else (0, extra)
+        return self.from_numpy(np.pad(host, widths, constant_values=pad_index), like=value)
 
     def place_batch(self, batch: Any) -> Any:
         """This process's rows of a global batch (NumPy leaves) as this framework's arrays."""

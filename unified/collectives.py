@@ -82,6 +82,13 @@ class Collectives:
             parts = self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
         return [json.loads(p.decode()) for p in parts]
 
+    def all_gather_bytes(self, data: bytes, operation: str, timeout: Optional[float] = None) -> List[bytes]:
+        """Every process's ``data``, in process order."""
+        if self.single:
+            return [data]
+        with self.watched():
+            return self.backend.all_gather_bytes(data, self._key(operation), self._timeout(timeout))
+
     def share_failure(self, error: Optional[BaseException], operation: str) -> List[Tuple[int, str]]:
         """Tell every process whether this one failed, in one exchange: re-raises this process's
         own ``error``; otherwise returns ``(process index, reason)`` for each process that failed."""
@@ -145,6 +152,10 @@ class Collectives:
         leaves, rebuild = flatten(tree, is_leaf)
         arrays = [v if backend.is_array(v) else backend.from_numpy(np.asarray(v)) for v in leaves]
         return arrays, rebuild
+
+    def arrays_of(self, tree: Any) -> Tuple[List[Any], Callable[[List[Any]], Any]]:
+        """The leaves of ``tree`` as the backend's arrays, and the function that rebuilds the tree."""
+        return self._leaves(tree)
 
     def gather(self, tree: Any, timeout: Optional[float] = None) -> Any:
         arrays, rebuild = self._leaves(tree)

@@ -8,18 +8,29 @@ not depend on ``P``, a position (samples consumed) carries over to another proce
 Uneven end (the same on both backends): with ``drop_last=True`` the incomplete global batch is
 dropped; otherwise it is filled up by wrapping around to the start of the epoch's order, and
 ``loader.padding_in_batch(k)`` says how many trailing samples of global batch ``k`` are repeats.
+While a prepared loader is iterated, ``loader.batch_layout()`` says where the repeats of the batch
+in use are (`BatchLayout`); `unified.metrics` reads it to gather each sample exactly once.
+
+A torch ``DataLoader`` with its own sampler or batch sampler keeps it: each epoch's indices (or
+batches of indices) are drawn from it once (`SampledLoader`, `BatchSampledLoader`) and sharded
+the same way, so positions, resume and `skip_first_batches` work as for the built-in orders.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
+import random
+import zlib
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from .backend import Backend, ForeignLoaders
 from .errors import see
 
-__all__ = ["DataLoader", "PreparedDataLoader", "skip_first_batches", "prepare_loader", "default_collate"]
+__all__ = ["DataLoader", "PreparedDataLoader", "PreparedIterableLoader", "SampledLoader", "BatchSampledLoader",
+           "BatchLayout", "OrderSource", "skip_first_batches", "prepare_loader", "default_collate"]
 
 
 def default_collate(samples: Sequence[Any]) -> Any:
@@ -69,6 +80,8 @@ class Placement(Protocol):
 
     process_index: int
     num_processes: int
+    # False where the processes' batches of a step form one global array and must be equal (JAX)
+    uneven_batches: bool
 
     def place_batch(self, batch: Any) -> Any: ...
 
@@ -76,10 +89,58 @@ class Placement(Protocol):
 class _HostOnly:
     """Stand-in `Placement` for an unprepared loader: one process, NumPy batches."""
 
-    process_index, num_processes = 0, 1
+    process_index, num_processes, uneven_batches = 0, 1, True
 
     def place_batch(self, batch: Any) -> Any:
         return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+    """Where the repeated samples are in the global batch a prepared loader yielded last.
+
+    ``rows[r]`` is how many rows process ``r`` holds of it; the first ``kept[r]`` of them are
+    samples seen for the first time in the epoch, the others repeat samples to even out the
+    end of the epoch (always at the end of a process's rows).
+
+    Example:
+        >>> BatchLayout(rows=(3, 3, 3), kept=(1, 0, 0)).repeats   # 10 samples, batch 3, 3 processes
+        8
+    """
+
+    rows: Tuple[int, ...]
+    kept: Tuple[int, ...]
+
+    @property
+    def repeats(self) -> int:
+        return sum(self.rows) - sum(self.kept)
+
+    @property
+    def even(self) -> bool:
+        """True when every process holds the same number of rows."""
+        return len(set(self.rows)) <= 1
+
+
+def _tail_layout(first: int, available: int, batch_size: int, processes: int) -> BatchLayout:
+    """Layout of a global batch whose positions start at ``first`` when only positions below
+    ``available`` are new samples; process ``r`` holds positions ``first + r*B ..`` (``B`` rows)."""
+    kept = tuple(min(batch_size, max(0, available - (first + r * batch_size))) for r in range(processes))
+    return BatchLayout((batch_size,) * processes, kept)
+
+
+@contextlib.contextmanager
+def _in_use(loader: Any) -> Iterator[None]:
+    """While a prepared loader's iteration runs: tell its ``activity`` (the Accelerator's record of
+    loaders being iterated, innermost last) that it started and, however it ends, that it ended."""
+    activity = loader.activity
+    if activity is not None:
+        activity.entered(loader)
+    try:
+        yield
+    finally:
+        loader._layout = None
+        if activity is not None:
+            activity.left(loader)
 
 
 class PreparedDataLoader:
@@ -107,14 +168,21 @@ class PreparedDataLoader:
         self.position = 0  # index of the next global batch in this epoch
         # told before each batch is yielded whether it is the epoch's last (closes an accumulation window)
         self.on_batch: Optional[Callable[[bool], None]] = None
+        # Told when an iteration starts and ends (set by the Accelerator that prepared this loader).
+        self.activity: Optional[Any] = None
+        self._layout: Optional[BatchLayout] = None
 
     # -- the order --------------------------------------------------------------------------------
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self._backend.num_processes
 
+    def num_samples(self) -> int:
+        """Samples in one epoch's order (the dataset's length; a sampler's own length)."""
+        return len(self.dataset)
+
     def __len__(self) -> int:
-        n, g = len(self.dataset), self.global_batch_size
+        n, g = self.num_samples(), self.global_batch_size
         return n // g if self.drop_last else math.ceil(n / g)
 
     def epoch_order(self, epoch: int) -> Any:
@@ -140,7 +208,15 @@ class PreparedDataLoader:
 
     def padding_in_batch(self, batch: int) -> int:
         """How many trailing samples of global batch ``batch`` repeat the epoch's first samples."""
-        return max(0, (batch + 1) * self.global_batch_size - len(self.dataset))
+        return max(0, (batch + 1) * self.global_batch_size - self.num_samples())
+
+    def _layout_of(self, order: Any, batch: int) -> BatchLayout:
+        return _tail_layout(batch * self.global_batch_size, len(order), self.batch_size, self._backend.num_processes)
+
+    def batch_layout(self) -> Optional[BatchLayout]:
+        """The `BatchLayout` of the batch this loader yielded last, while an iteration is running
+        (``None`` before its first batch and after it ended): which rows are repeats."""
+        return self._layout
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -150,11 +226,13 @@ class PreparedDataLoader:
         if roll_over and self.position >= len(self):  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
-        for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
-            self.position += 1  # a checkpoint taken while this batch is in use resumes after it
-            if self.on_batch is not None:
-                self.on_batch(self.position >= len(self))
-            yield self._place(batch)
+        with _in_use(self):
+            for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
+                self._layout = self._layout_of(order, self.position)
+                self.position += 1  # a checkpoint taken while this batch is in use resumes after it
+                if self.on_batch is not None:
+                    self.on_batch(self.position >= len(self))
+                yield self._place(batch)
         self.epoch, self.position = self.epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -165,11 +243,11 @@ class PreparedDataLoader:
     def state_dict(self) -> Dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
                 "samples_seen": self.position * self.global_batch_size, "global_batch_size": self.global_batch_size,
-                "dataset_length": len(self.dataset)}
+                "dataset_length": self.num_samples()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if state["dataset_length"] != len(self.dataset):
-            raise ValueError(f"the data loader's dataset has {len(self.dataset)} samples; the checkpoint's had "
+        if state["dataset_length"] != self.num_samples():
+            raise ValueError(f"the data loader's epoch has {self.num_samples()} samples; the checkpoint's had "
                              f"{state['dataset_length']}")
         seen, g = int(state["samples_seen"]), self.global_batch_size
         if seen % g:
@@ -333,9 +411,10 @@ class PreparedIterableLoader:
     """The prepared form of a loader over iterable data (no ``__len__``/``__getitem__``).
 
     Every process reads the same stream; global batch ``k`` is the stream's next ``B*P`` items
-    and process ``r`` keeps the ``r``-th ``B`` of them (an incomplete last global batch is
-    dropped). A dataset with ``state_dict`` / ``load_state_dict`` (torchdata's protocol) is
-    checkpointed through them, so a resume continues the stream without reading it again;
+    and process ``r`` keeps the ``r``-th ``B`` of them. An incomplete last global batch is
+    dropped with ``drop_last=True``; otherwise it is filled up by repeating its own items, and
+    `batch_layout` tells which rows are repeats (as for map-style data). A dataset with
+    ``state_dict`` / ``load_state_dict`` (torchdata's protocol) is checkpointed through them, so a resume continues the stream without reading it again;
     other streams are read from the start and the consumed batches dropped on the host, never
     collated or moved to a device.
     """
@@ -343,10 +422,13 @@ class PreparedIterableLoader:
     def __init__(self, source: Any, backend: Placement, seed: Optional[int]) -> None:
         self.dataset = source.dataset
         self.batch_size = source.batch_size
+        self.drop_last = bool(getattr(source, "drop_last", False))
         self._collate = source.collate_fn
         self._backend = backend
         self.epoch = 0
         self.position = 0  # global batches consumed in this epoch
+        self.activity: Optional[Any] = None  # see PreparedDataLoader
+        self._layout: Optional[BatchLayout] = None
         self._stateful = callable(getattr(self.dataset, "state_dict", None)) and callable(
             getattr(self.dataset, "load_state_dict", None))
         self.items_read_to_skip = 0  # how many items the last iteration read only to drop them
@@ -369,18 +451,29 @@ class PreparedIterableLoader:
         if not self._stateful:
             self.position = 0
         self.items_read_to_skip = 0
-        while True:
-            items = [item for _, item in zip(range(g), stream)]
-            if len(items) < g:
-                break
-            self.position += 1
-            if self.position <= skip_to:  # read and dropped on the host, never collated or placed
-                self.items_read_to_skip += g
-                continue
-            if self.on_batch is not None:
-                self.on_batch(False)
-            yield self._backend.place_batch(self._collate(items[mine]))
+        with _in_use(self):
+            while True:
+                items = [item for _, item in zip(range(g), stream)]
+                new = len(items)
+                if new == 0 or (new < g and self.drop_last):
+                    break
+                if new < g:  # the stream's end: fill the global batch up with its own items again
+                    items = [items[i % new] for i in range(g)]
+                self.position += 1
+                if self.position <= skip_to:  # read and dropped on the host, never collated or placed
+                    self.items_read_to_skip += new
+                else:
+                    self._layout = _tail_layout(0, new, b, self._backend.num_processes)
+                    if self.on_batch is not None:
+                        self.on_batch(new < g)  # a short end is the stream's last batch
+                    yield self._backend.place_batch(self._collate(items[mine]))
+                if new < g:
+                    break
         self.epoch, self.position = self.epoch + 1, 0
+
+    def batch_layout(self) -> Optional[BatchLayout]:
+        """See `PreparedDataLoader.batch_layout`."""
+        return self._layout
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.position = int(epoch), 0
@@ -401,3 +494,216 @@ class PreparedIterableLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         if self._stateful and "dataset" in state:
             self.dataset.load_state_dict(state["dataset"])
+
+
+# -- loaders that keep a torch DataLoader's own sampler ------------------------------------------------
+class OrderSource(Protocol):
+    """A sampler (or batch sampler) as the sampler loaders see it; the backend adapts its own.
+
+    ``draw(epoch)`` returns the epoch's sample indices (a batch sampler: its lists of indices),
+    the same on every process and whenever it is drawn again for that epoch. ``state()`` is
+    taken right before an epoch is drawn and restored by ``load(state)`` before that epoch is
+    drawn again after a resume (``None``: the source has no state; its draw must then depend
+    on the epoch only).
+    """
+
+    def draw(self, epoch: int) -> Any: ...
+
+    def length(self) -> Optional[int]: ...
+
+    def state(self) -> Optional[Any]: ...
+
+    def load(self, state: Any) -> None: ...
+
+
+def derived_seed(seed: int, epoch: int) -> int:
+    """A 32-bit seed from ``(seed, epoch)``: what a sampler's generators are seeded with for an epoch."""
+    return int(np.random.SeedSequence([int(seed) & (2**63 - 1), int(epoch)]).generate_state(1)[0])
+
+
+@contextlib.contextmanager
+def seeded_host_rngs(seed: int, epoch: int) -> Iterator[None]:
+    """Python's ``random`` and NumPy's global generator seeded from ``(seed, epoch)`` for the body,
+    then put back as they were: a sampler drawn inside gives the same order on every process and
+    on every resume, and the training's own random numbers are not shifted."""
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    value = derived_seed(seed, epoch)
+    random.seed(value)
+    np.random.seed(value)
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+
+
+@dataclasses.dataclass
+class _Drawn:
+    epoch: int
+    items: Any           # indices (NumPy int64) or a list of index lists
+    checksum: int
+    start_state: Any     # the source's state right before this epoch was drawn
+
+
+def _checksum(items: Any) -> int:
+    if isinstance(items, np.ndarray):
+        return zlib.crc32(np.ascontiguousarray(items, dtype=np.int64).tobytes())
+    sizes = np.array([len(b) for b in items], dtype=np.int64)
+    flat = np.array([i for b in items for i in b], dtype=np.int64)
+    return zlib.crc32(flat.tobytes(), zlib.crc32(sizes.tobytes()))
+
+
+class _DrawnEpochs:
+    """Each epoch drawn once from an `OrderSource` and kept while it is iterated; checkpoints
+    hold the source's state at the epoch's start and the order's checksum, so a resume draws
+    the same epoch again (or says that the sampler gave another order)."""
+
+    _source: OrderSource
+    epoch: int
+    position: int
+
+    def _init_drawn(self, source: OrderSource) -> None:
+        self._source = source
+        self._drawn: Optional[_Drawn] = None
+        self._resume: Optional[Dict[str, Any]] = None  # what load_state_dict left for the saved epoch
+
+    def _draw(self, epoch: int) -> _Drawn:
+        if self._drawn is not None and self._drawn.epoch == epoch:
+            return self._drawn
+        resume = self._resume if self._resume is not None and self._resume["epoch"] == epoch else None
+        if resume is not None and resume.get("sampler") is not None:
+            self._source.load(resume["sampler"])
+        start = self._source.state()
+        items = self._source.draw(epoch)
+        drawn = _Drawn(epoch, items, _checksum(items), start)
+        if resume is not None and resume.get("order_crc32") is not None and resume["order_crc32"] != drawn.checksum:
+            raise ValueError(
+                f"the data loader's sampler gave another order for epoch {epoch} than in the run that saved the "
+                "checkpoint, so the resumed run would see other samples. Give the sampler state_dict() and "
+                "load_state_dict(), or make its order depend only on the epoch (set_epoch) and on the random "
+                "generators unified seeds for it." + see("sampler-order-changed")
+            )
+        self._resume = None
+        self._drawn = drawn
+        return drawn
+
+    def _source_state(self) -> Dict[str, Any]:
+        drawn = self._drawn if self._drawn is not None and self._drawn.epoch == self.epoch else None
+        if drawn is None and self._resume is not None and self._resume["epoch"] == self.epoch:
+            return {"sampler": self._resume.get("sampler"), "order_crc32": self._resume.get("order_crc32")}
+        return {"sampler": drawn.start_state if drawn is not None else self._source.state(),
+                "order_crc32": drawn.checksum if drawn is not None and self.position > 0 else None}
+
+    def _load_source_state(self, state: Dict[str, Any]) -> None:
+        self._drawn = None
+        self._resume = {"epoch": self.epoch, "sampler": state.get("sampler"), "order_crc32": state.get("order_crc32")}
+
+
+class SampledLoader(_DrawnEpochs, PreparedDataLoader):
+    """A prepared loader whose epoch order is a sampler's: the indices the sampler yields for an
+    epoch, drawn once, sharded like any order (global batch ``k`` is indices ``k*B*P ..``,
+    process ``r`` its ``r``-th ``B``; an uneven end wraps around). Skipping and resuming are
+    index arithmetic on that order: no sample is loaded to skip it.
+    """
+
+    def __init__(self, source: Any, backend: Placement, seed: Optional[int], order: OrderSource, **kwargs: Any) -> None:
+        PreparedDataLoader.__init__(self, source, backend, seed, **kwargs)
+        self._init_drawn(order)
+
+    def num_samples(self) -> int:
+        known = self._source.length()
+        return known if known is not None else len(self._draw(self.epoch).items)
+
+    def epoch_order(self, epoch: int) -> Any:
+        return self._draw(epoch).items
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**PreparedDataLoader.state_dict(self), **self._source_state()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        PreparedDataLoader.load_state_dict(self, state)
+        self._load_source_state(state)
+
+
+class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
+    """A prepared loader over a batch sampler's batches, as Accelerate's ``BatchSamplerShard``:
+    global step ``k`` is batches ``k*P .. k*P+P-1`` of the epoch and process ``r`` takes batch
+    ``k*P + r`` whole, so batches may differ in size (length buckets, token budgets). When the
+    epoch's batch count does not divide by ``P``, the last step is filled up with the epoch's
+    first batches, which `batch_layout` marks as repeats; with the batch sampler's
+    ``drop_last=True`` that step is dropped instead. Positions count steps; a checkpoint
+    resumes at the next step without loading any skipped sample.
+    """
+
+    def __init__(self, source: Any, backend: Placement, seed: Optional[int], order: OrderSource, **kwargs: Any) -> None:
+        PreparedDataLoader.__init__(self, source, backend, seed, **kwargs)
+        self._init_drawn(order)
+
+    def num_batches(self) -> int:
+        """Batches the batch sampler yields in one epoch."""
+        known = self._source.length()
+        return known if known is not None else len(self._draw(self.epoch).items)
+
+    def num_samples(self) -> int:
+        return sum(len(b) for b in self._draw(self.epoch).items)
+
+    def __len__(self) -> int:
+        m, p = self.num_batches(), self._backend.num_processes
+        return m // p if self.drop_last else math.ceil(m / p)
+
+    def epoch_order(self, epoch: int) -> Any:
+        return self._draw(epoch).items
+
+    def _step(self, batches: List[List[int]], step: int) -> List[int]:
+        """Indices into ``batches`` of every process's batch of ``step`` (past the end: repeats
+        of the epoch's first batches)."""
+        p, m = self._backend.num_processes, len(batches)
+        return [j if j < m else (j - m) % m for j in range(step * p, step * p + p)]
+
+    def batch_indices(self, order: Any, batch: int) -> List[int]:
+        return [int(i) for i in order[self._step(order, batch)[self._backend.process_index]]]
+
+    def _index_lists(self, order: Any, first: int) -> Iterator[List[int]]:
+        for k in range(first, len(self)):
+            layout = self._layout_of(order, k)
+            if not layout.even and not getattr(self._backend, "uneven_batches", True):
+                raise ValueError(
+                    f"step {k} of the batch sampler's epoch gives the processes batches of {list(layout.rows)} "
+                    "samples, but on this backend every process's batch of a step is part of one global array, "
+                    "so they must be equal. Make the batch sampler yield equal sizes for the batches of a step "
+                    "(e.g. sizes that do not vary, or drop_last=True in each bucket)." + see("uneven-batches")
+                )
+            yield self.batch_indices(order, k)
+
+    def _layout_of(self, order: Any, batch: int) -> BatchLayout:
+        m = len(order)
+        picks = self._step(order, batch)
+        first = batch * self._backend.num_processes
+        rows = tuple(len(order[j]) for j in picks)
+        return BatchLayout(rows, tuple(r if first + i < m else 0 for i, r in enumerate(rows)))
+
+    def padding_in_batch(self, batch: int) -> int:
+        """How many samples of step ``batch`` repeat batches of the epoch's start."""
+        return self._layout_of(self._draw(self.epoch).items, batch).repeats
+
+    def state_dict(self) -> Dict[str, Any]:
+        p = self._backend.num_processes
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "batches_seen": self.position * p,
+                "num_batches": self.num_batches(), "batch_sampler": True, **self._source_state()}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if "batches_seen" not in state:
+            raise ValueError("the checkpoint's data loader was not prepared from a batch sampler; prepare the same "
+                             "kind of loader as in the run that saved it")
+        self.epoch = int(state["epoch"])
+        self._load_source_state(state)
+        if state["num_batches"] != self.num_batches():
+            raise ValueError(f"the batch sampler gives {self.num_batches()} batches per epoch; the checkpoint's gave "
+                             f"{state['num_batches']}")
+        seen, p = int(state["batches_seen"]), self._backend.num_processes
+        if seen % p:
+            raise ValueError(
+                f"cannot resume after batch {seen} of the epoch with {p} processes (each step takes {p} batches); "
+                f"choose a process count that divides {seen}, or resume at an epoch boundary"
+            )
+        self.position, self.seed = seen // p, int(state["seed"])

@@ -105,6 +105,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
     name = "jax"
     group_distributed_type = "JAX"
     immutable_arrays = True
+    uneven_batches = False  # a step's batches are one global jax.Array
     sharded_format = "orbax"
 
     def __init__(self) -> None:
@@ -244,6 +245,13 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
     def to_numpy(self, value: Any) -> np.ndarray:
         return np.asarray(jax.device_get(value))
+
+    def pad_array(self, value: Any, dim: int, length: int, pad_index: Any, pad_first: bool) -> Any:
+        value = jnp.asarray(_local_value(value)) if not value.is_fully_addressable else value
+        widths = [(0, 0)] * value.ndim
+        extra = length - value.shape[dim]
+        widths[dim] = (extra, 0) if pad_first else (0, extra)
+        return jnp.pad(value, widths, constant_values=pad_index)
 
     def from_numpy(self, value: Any, like: Any = None) -> Any:
         return jnp.asarray(value)

@@ -217,6 +217,12 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
     def to_numpy(self, value: Any) -> np.ndarray:
         return value.detach().cpu().numpy()
 
+    def pad_array(self, value: Any, dim: int, length: int, pad_index: Any, pad_first: bool) -> torch.Tensor:
+        shape = list(value.shape)
+        shape[dim] = length - shape[dim]
+        fill = value.new_full(shape, pad_index)
+        return torch.cat([fill, value] if pad_first else [value, fill], dim=dim)
+
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
         value = np.asarray(value)
         tensor = _tensor_from_numpy(value if value.flags.c_contiguous else value.copy(order="C"))

@@ -25,18 +25,20 @@ class Profile:
         torch_worker_loaders: run the torch-DataLoader-with-workers scenario on this backend.
         loop_setup: ``"module:Class"`` of the training-loop setup (see `loop_scenarios.py`) of a
             backend with the TrainingLoop capability; ``None`` skips the training-loop suite.
+        torch_loaders: the backend prepares torch DataLoaders (custom samplers, metrics scenarios).
     """
 
     training: str
     distributed_type: str
     torch_worker_loaders: bool = False
     loop_setup: Optional[str] = None
+    torch_loaders: bool = False
 
 
 _BUILT_IN: Dict[str, Profile] = {
     "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True,
-                     loop_setup="loop_scenarios:TorchSetup"),
-    "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup"),
+                     loop_setup="loop_scenarios:TorchSetup", torch_loaders=True),
+    "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup", torch_loaders=True),
 }
 
 

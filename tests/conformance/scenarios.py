@@ -555,6 +555,8 @@ def data_iterable(state: dict) -> dict:
     epoch0 = [_rows(b) for b in loader]
     skipped = [_rows(b) for b in acc.skip_first_batches(loader, 2)]
     read_to_skip = loader.items_read_to_skip
+    dropping = Accelerator(timeout=60).prepare(unified.DataLoader(Stream(20), batch_size=2, drop_last=True))
+    epoch0_drop_last = [_rows(b) for b in dropping]
     target = _shared(f"iter_ckpt_{acc.num_processes}")
     stream = StatefulStream(20)
     live = acc.prepare(unified.DataLoader(stream, batch_size=2))
@@ -571,7 +573,8 @@ def data_iterable(state: dict) -> dict:
     again = fresh.prepare(unified.DataLoader(again_stream, batch_size=2))
     fresh.load_state(target)
     resumed = [_rows(b) for b in fresh.skip_first_batches(again, 2)]
-    return {"epoch0": epoch0, "skipped": skipped, "read_to_skip": read_to_skip, "first": first, "rest": rest,
+    return {"epoch0": epoch0, "epoch0_drop_last": epoch0_drop_last, "skipped": skipped, "read_to_skip": read_to_skip,
+            "first": first, "rest": rest,
             "resumed": resumed, "resumed_reads": again_stream.reads}
 
 

@@ -95,12 +95,16 @@ def test_resume_with_another_process_count_continues_at_the_same_sample(backend,
 def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
     rows = group.scenario("data_iterable")
     g = 2 * group.size
-    full = 20 // g  # an incomplete last global batch is dropped
+    full, left = divmod(20, g)
     for r in rows:
-        assert len(r["epoch0"]) == full
+        # the stream's incomplete end is a last batch filled up with its own items (drop_last=False)
+        assert len(r["epoch0"]) == full + (left > 0)
+        assert len(r["epoch0_drop_last"]) == full and r["epoch0_drop_last"] == r["epoch0"][:full]
         assert r["skipped"] == r["epoch0"][2:]          # the next epoch, from batch 2
         assert r["read_to_skip"] == 2 * g               # read and dropped on the host
         assert r["resumed"] == r["rest"]                # continued from the dataset's own state
-        assert r["resumed_reads"] == len(r["rest"]) * g + (20 - full * g)  # nothing read twice
-    seen = sorted(x for r in rows for batch in r["epoch0"] for x in batch)
+        assert r["resumed_reads"] == 20 - 2 * g         # nothing read twice
+    seen = sorted(x for r in rows for batch in r["epoch0"][:full] for x in batch)
     assert seen == list(range(full * g))                # every process its own share, once
+    last = [x for r in rows for x in r["epoch0"][full:][0]] if left else []
+    assert sorted(set(last)) == list(range(full * g, 20))  # the end: its items, repeated to fill up

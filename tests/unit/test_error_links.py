@@ -25,9 +25,10 @@ ROOTS = ("unified", "backends")
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
 # `_invalid_structure` (unified/checkpoint/codec.py) and `_not_safetensors`
 # (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
-# return CheckpointErrors that end with see(...).
+# return CheckpointErrors that end with see(...); `_rows_error` (unified/metrics.py) returns a
+# ValueError ending with see("gather-for-metrics-rows").
 SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
-               "_commit_error"}
+               "_commit_error", "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
@@ -41,7 +42,13 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "levels deep (a container"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
-    ("unified/data.py", "the data loader's dataset has"):
+    ("unified/data.py", "the data loader's epoch has"):
+        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+    ("unified/data.py", "was not prepared from a batch sampler"):
+        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+    ("unified/data.py", "the batch sampler gives"):
+        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+    ("unified/data.py", "cannot resume after batch"):
         "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/data.py", "cannot resume at sample"):
         "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
