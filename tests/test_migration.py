@@ -83,7 +83,7 @@ def migrated(tmp_path_factory):
 def stop_and_resume(migrated):
     work, script = migrated
     project = work / "run"
-    first = main_lines(launch(script, work, "--project-dir", str(project), "--target-loss", "0.05"))
+    first = main_lines(launch(script, work, "--project-dir", str(project), "--target-loss", "0.1"))
     second = main_lines(launch(script, work, "--project-dir", str(project), "--resume"))
     return project, first, second
 
@@ -104,6 +104,8 @@ def test_migrated_script_stops_early_and_resumes(stop_and_resume):
     assert f"resumed at step {step} (epoch {epoch}, batch {batch})" in second, second
     epochs = [re.match(r"epoch (\d+): (\d+) batches, mean loss [\d.]+, lr [\d.]+$", line) for line in second]
     assert [(int(m.group(1)), int(m.group(2))) for m in epochs if m][-1] == (2, steps_per_epoch), second
+    evaluations = [line for line in first + second if line.startswith("eval: ")]
+    assert evaluations and all(re.fullmatch(r"eval: 90 samples, mse [\d.]+", line) for line in evaluations), evaluations
     if batch:  # the interrupted epoch continues with the batches it had left
         assert f"epoch {epoch}: {steps_per_epoch - batch} batches" in "\n".join(second), second
     assert any(re.fullmatch(r"finished at step 60; weights sha256 [0-9a-f]{16}", line) for line in second), second

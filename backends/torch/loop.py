@@ -115,9 +115,10 @@ class TorchTrainingLoop(TrainingLoop):
         """The fp16 scaler, and the gradients accumulated so far in an open window.
 
         Inside an open window each process holds its own partial gradients (DDP's ``no_sync``).
-        They are replaced by their mean over processes, which the closing all-reduce averages
-        again to the same result (the mean is linear), so one copy, written by the main process,
-        resumes every process exactly.
+        The checkpoint holds their mean over processes (copies: the running training is left
+        as it is), which the closing all-reduce of a resumed run averages again to the same
+        result (the mean is linear), so one copy, written by the main process, resumes every
+        process; equal to the uninterrupted run up to float rounding of that mean.
         """
         state: Dict[str, Any] = {}
         if self._scaler is not None:
@@ -126,7 +127,8 @@ class TorchTrainingLoop(TrainingLoop):
             return state
         gradients = {}
         for index, model in enumerate(self._loop_models):
-            named = {name: p.grad for name, p in self.unwrap_model(model).named_parameters() if p.grad is not None}
+            named = {name: p.grad.detach().clone() for name, p in self.unwrap_model(model).named_parameters()
+                     if p.grad is not None}
             if self.num_processes > 1:
                 with self.peer_errors("save_state() (averaging the gradients of an open accumulation window)"):
                     for grad in named.values():

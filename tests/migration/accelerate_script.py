@@ -1,4 +1,5 @@
-"""Train a small regression MLP with Hugging Face Accelerate: checkpoints, resume, early stop.
+"""Train a small regression MLP with Hugging Face Accelerate: mixed precision, gradient
+accumulation, clipping, evaluation with gather_for_metrics, checkpoints, resume, early stop.
 
     accelerate launch --num_processes 2 accelerate_script.py --project-dir runs/acc
     accelerate launch --num_processes 2 accelerate_script.py --project-dir runs/acc --resume
@@ -27,11 +28,15 @@ parser.add_argument("--lr", type=float, default=1e-2)
 parser.add_argument("--save-every", type=int, default=10, help="save_state() every N steps")
 parser.add_argument("--target-loss", type=float, default=0.0, help="stop early below this loss (0: off)")
 parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+parser.add_argument("--mixed-precision", default="bf16")
+parser.add_argument("--grad-accum", type=int, default=2, help="micro-batches per optimizer step")
+parser.add_argument("--max-grad-norm", type=float, default=1.0)
 args = parser.parse_args()
 
 set_seed(args.seed)
 config = ProjectConfiguration(project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
-accelerator = Accelerator(project_config=config)
+accelerator = Accelerator(project_config=config, mixed_precision=args.mixed_precision,
+                          gradient_accumulation_steps=args.grad_accum)
 accelerator.print(f"processes={accelerator.num_processes} device={accelerator.device}")
 
 
@@ -50,7 +55,7 @@ class Progress:
         self.saves = int(state["saves"])
 
 
-def build_dataset(path, rows=640, features=8):
+def build_dataset(path, rows=640 + 90, features=8):
     generator = torch.Generator().manual_seed(1234)
     x = torch.randn(rows, features, generator=generator)
     w = torch.randn(features, 1, generator=generator)
@@ -66,7 +71,8 @@ with accelerator.main_process_first():
     if not os.path.exists(data_path):
         build_dataset(data_path)
     data = torch.load(data_path, weights_only=True)
-dataset = TensorDataset(data["x"], data["y"])
+dataset = TensorDataset(data["x"][:640], data["y"][:640])
+eval_dataset = TensorDataset(data["x"][640:], data["y"][640:])  # 90 rows: uneven over 2 processes
 
 model = torch.nn.Sequential(
     torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1)
@@ -74,10 +80,12 @@ model = torch.nn.Sequential(
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
 scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
 train_dataloader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)
+eval_dataloader = DataLoader(eval_dataset, batch_size=2 * args.batch_size)
 
-model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+model, optimizer, train_dataloader, eval_dataloader, scheduler = accelerator.prepare(
+    model, optimizer, train_dataloader, eval_dataloader, scheduler)
 progress = Progress()
-accelerator.register_for_checkpointing(scheduler, progress)
+accelerator.register_for_checkpointing(progress)
 steps_per_epoch = len(train_dataloader)
 
 starting_epoch, resume_step = 0, 0
@@ -102,17 +110,22 @@ for epoch in range(starting_epoch, args.epochs):
         active_dataloader = train_dataloader
     epoch_loss, batches = 0.0, 0
     for x, y in active_dataloader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        accelerator.backward(loss)
-        optimizer.step()
-        scheduler.step()
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
         progress.step += 1
         epoch_loss, batches = epoch_loss + loss.item(), batches + 1
 
         if args.target_loss and loss.item() < args.target_loss:
             accelerator.set_trigger()  # this process alone decides ...
-        if accelerator.check_trigger():  # ... and every process stops at the same step
+        # ... and every process stops at the same step, after an optimizer step (sync_gradients is
+        # the same on every process, so the collective check_trigger stays aligned)
+        if accelerator.sync_gradients and accelerator.check_trigger():
             save_checkpoint()
             accelerator.print(f"early stop at step {progress.step}: checkpoint saved")
             stopped = True
@@ -121,6 +134,13 @@ for epoch in range(starting_epoch, args.epochs):
             save_checkpoint()
     mean = accelerator.reduce(torch.tensor([epoch_loss / max(batches, 1)], device=accelerator.device), "mean")
     accelerator.print(f"epoch {epoch}: {batches} batches, mean loss {mean.item():.4f}, lr {scheduler.get_last_lr()[0]:.5f}")
+    model.eval()
+    errors = []
+    with torch.no_grad():
+        for x, y in eval_dataloader:
+            errors.append(accelerator.gather_for_metrics((model(x) - y).pow(2)))
+    errors = torch.cat(errors)
+    accelerator.print(f"eval: {len(errors)} samples, mse {errors.mean().item():.4f}")
     if stopped:
         break
 
