@@ -16,9 +16,8 @@ import os
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from tqdm import tqdm
 
-from unified import Accelerator, DataLoader, ProjectConfiguration
+from unified import Accelerator, DataLoader, ProjectConfiguration, tqdm
 
 FEATURES, HIDDEN, CLASSES = 64, 128, 10
 
@@ -178,7 +177,7 @@ steps_per_epoch = len(train_loader)
 # Accelerate's idiom. load_state already put the loader at this batch; skip_first_batches takes an
 # absolute position, so it lands on the same batch instead of skipping again (asserted below).
 batches = accelerator.skip_first_batches(train_loader, counter.step % steps_per_epoch) if args.resume else train_loader
-bar = tqdm(total=args.max_steps, initial=counter.step, disable=not accelerator.is_main_process)
+bar = tqdm(total=args.max_steps, initial=counter.step)  # main process only; sparse lines in a log
 log = accelerator.on_main_process(bar.write)  # print without breaking the bar
 accuracy, loss, done = float("nan"), float("nan"), counter.step >= args.max_steps
 while not done:

@@ -33,9 +33,14 @@ def _results(output):
     return found
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_launch_prefixes_output_with_the_process_index(backend):
-    run = _launch("-n", "2", "--backend", backend, str(IDENTITY))
+@pytest.fixture(scope="module", params=BACKENDS)
+def identity_run(request):
+    """tests/scripts/identity.py launched on 2 processes, output into pipes (once per backend)."""
+    return _launch("-n", "2", "--backend", request.param, str(IDENTITY))
+
+
+def test_launch_prefixes_output_with_the_process_index(identity_run):
+    run = identity_run
     assert run.returncode == 0, run.stdout + run.stderr
     results = _results(run.stdout)
     assert sorted(results) == [0, 1]
@@ -43,6 +48,17 @@ def test_launch_prefixes_output_with_the_process_index(backend):
     # the logger: the main-only message once, the per-process one from each process
     assert run.stdout.count("main-only message") == 1
     assert run.stdout.count("every-process message") == 2
+
+
+def test_progress_bars_in_a_pipe_print_their_first_and_last_state_only(identity_run):
+    """Not a line (nor a carriage-return redraw) per update: text mode turns each "\\r" into a line."""
+    run = identity_run
+    assert run.returncode == 0, run.stdout + run.stderr
+    for desc in ("unified-bar", "plain-bar"):
+        lines = [line for line in run.stdout.splitlines() if desc in line]
+        assert 2 <= len(lines) <= 3, f"{desc}: {len(lines)} lines\n" + "\n".join(lines)
+        assert all(line.startswith("[0] ") for line in lines), lines       # the main process only
+        assert "| 50/50" in lines[-1] and "| 0/50" in lines[0], lines
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -7,13 +7,20 @@ Accelerator exists.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import sys
+import time
 from typing import Any, MutableMapping, Optional, Tuple
 
 from .environment import ProcessEnvironment
 
-__all__ = ["get_logger", "tqdm", "process_index_from_env", "MultiProcessAdapter"]
+__all__ = ["get_logger", "tqdm", "process_index_from_env", "MultiProcessAdapter", "PROGRESS_INTERVAL"]
+
+# Seconds between two lines of a progress bar whose output is not a terminal (a log file, a pipe,
+# the launcher): tqdm's TQDM_MININTERVAL variable or a bar's own mininterval= overrides it.
+PROGRESS_INTERVAL = 30.0
 
 
 def process_index_from_env(local: bool = False) -> int:
@@ -71,7 +78,14 @@ def get_logger(name: str, log_level: Optional[str] = None) -> MultiProcessAdapte
 
 
 def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
-    """``tqdm.auto.tqdm`` that is silent off the main process (like Accelerate's).
+    """``tqdm.auto.tqdm`` that is silent off the main process (like Accelerate's), and sparse
+    when its output is not a terminal.
+
+    Written into a log, a pipe or through ``unified launch`` (whose processes write into pipes),
+    the bar prints whole lines instead of redrawing one: its first state, then at most one line
+    every `PROGRESS_INTERVAL` seconds (30; ``TQDM_MININTERVAL`` or ``mininterval=`` change it,
+    ``set_postfix`` and ``refresh`` too wait for it), and its final state when it closes. On a
+    terminal and in notebooks it is tqdm's own bar.
 
     Example:
         >>> for batch in unified.tqdm(loader, desc="train"):
@@ -81,4 +95,51 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
 
     if main_process_only and process_index_from_env() != 0:
         kwargs["disable"] = True
-    return _tqdm(*args, **kwargs)
+        return _tqdm(*args, **kwargs)
+    if _is_terminal(kwargs.get("file")) or any(c.__module__ == "tqdm.notebook" for c in _tqdm.__mro__):
+        return _tqdm(*args, **kwargs)
+    if "mininterval" not in kwargs:
+        kwargs["mininterval"] = float(os.environ.get("TQDM_MININTERVAL", PROGRESS_INTERVAL))
+    # tqdm's monitor thread refreshes a bar silent for maxinterval seconds: no sooner than a line is due
+    kwargs["maxinterval"] = max(float(kwargs.get("maxinterval", 10.0)), kwargs["mininterval"])
+    return _line_bar(_tqdm)(*args, **kwargs)
+
+
+def _is_terminal(file: Any) -> bool:
+    try:
+        return bool((file if file is not None else sys.stderr).isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _line_bar(base: type) -> type:
+    """``base`` (a tqdm class) printing one line per update, at most one per ``mininterval``."""
+
+    class LineProgressBar(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._line_interval = float(kwargs["mininterval"])
+            self._last_line: Optional[float] = None
+            super().__init__(*args, **kwargs)
+
+        def display(self, msg: Optional[str] = None, pos: Optional[int] = None) -> bool:
+            if msg == "":  # tqdm clearing a bar closed with leave=False: nothing to erase in a log
+                return False
+            closing = self.disable  # close() disables the bar, displays it one last time, then writes "\n"
+            now = time.monotonic()
+            if not closing and self._last_line is not None and now - self._last_line < self._line_interval:
+                return True
+            self._last_line = now
+            text = self.__str__() if msg is None else msg
+            self.fp.write(text if closing else text + "\n")
+            self.fp.flush()
+            return True
+
+        def clear(self, nolock: bool = False) -> None:  # before tqdm.write(): lines need no erasing
+            pass
+
+        def moveto(self, n: int) -> None:  # nested bars: one line each, no cursor movement
+            pass
+
+    LineProgressBar.__name__ = LineProgressBar.__qualname__ = f"Line{base.__name__}"
+    return LineProgressBar
