@@ -3,6 +3,8 @@
     unified launch -n 2 --backend torch examples/train.py --max-steps 60 --save-every 10
     unified launch -n 2 --backend jax   examples/train.py --max-steps 60 --resume
     UNIFIED_BACKEND=jax python examples/train.py --max-steps 20 --project-dir /tmp/x   # one process
+    unified launch -n 2 examples/train.py --max-steps 60 --log-with tensorboard --log-with mlflow
+    tensorboard --logdir runs/train/train          # or: --log-with all (every installed tracker)
 
 Batch choice depends only on the global step (an epoch shuffle from the seed, then the step's
 slice), so a run resumed from a checkpoint sees exactly the batches the uninterrupted run saw.
@@ -14,9 +16,7 @@ import signal
 
 import numpy as np
 from safetensors.numpy import load_file
-from tqdm import tqdm
-
-from unified import Accelerator, ProjectConfiguration
+from unified import Accelerator, ProjectConfiguration, tqdm
 
 FEATURES, HIDDEN, ROWS = 8, 64, 2048
 
@@ -30,10 +30,14 @@ parser.add_argument("--save-every", type=int, default=0, help="save_state() ever
 parser.add_argument("--resume", action="store_true", help="load the newest checkpoint and continue")
 parser.add_argument("--crash-at-step", type=int, default=None, help="SIGKILL one process at this step")
 parser.add_argument("--target-loss", type=float, default=0.0, help="stop early below this loss (0: off)")
+parser.add_argument("--log-with", action="append", default=None, metavar="TRACKER",
+                    help="tensorboard, mlflow, wandb or all (repeatable); files under project_dir "
+                         "(pip install 'unified[tracking]')")
 args = parser.parse_args()
 
-accelerator = Accelerator(seed=args.seed, project_config=ProjectConfiguration(
+accelerator = Accelerator(seed=args.seed, log_with=args.log_with, project_config=ProjectConfiguration(
     args.project_dir, automatic_checkpoint_naming=True, total_limit=3))
+accelerator.init_trackers("train", config=vars(args))  # main process only; nothing without --log-with
 rank, world = accelerator.process_index, accelerator.num_processes
 if args.batch_size % world:
     raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world} processes")
@@ -146,7 +150,7 @@ if args.resume:
 
 crash_rank = 1 if world > 1 else 0
 loss = float("nan")
-bar = tqdm(total=args.max_steps, initial=counter.step, disable=not accelerator.is_main_process)
+bar = tqdm(total=args.max_steps, initial=counter.step)  # main process only; sparse lines in a log
 while counter.step < args.max_steps:
     if counter.step == args.crash_at_step and rank == crash_rank:
         print(f"[process {rank}] simulated crash: SIGKILL at step {counter.step}", flush=True)
@@ -154,6 +158,7 @@ while counter.step < args.max_steps:
     local = train_step(local_rows(counter.step))
     counter.step += 1
     loss = float(accelerator.reduce(local, "mean"))  # global mean loss, on every process
+    accelerator.log({"train/loss": loss}, step=counter.step)  # to the trackers, main process only
     bar.update(1)
     bar.set_postfix(loss=f"{loss:.4f}")
     if args.save_every and counter.step % args.save_every == 0:
@@ -178,4 +183,4 @@ if accelerator.is_main_process:
         digest.update(np.ascontiguousarray(params[name]).tobytes())
     open(os.path.join(final_dir, "params.sha256"), "w").write(digest.hexdigest() + "\n")
     print(f"step {counter.step}: loss {loss:.4f}; saved {weights}; params sha256 {digest.hexdigest()}")
-accelerator.end_training()
+accelerator.end_training()  # also closes the trackers' runs

@@ -18,6 +18,7 @@ from .metrics import Metrics
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
+from .tracking import TrackerSet
 from .watchdog import Watchdog
 
 __all__ = ["Accelerator"]
@@ -43,6 +44,9 @@ class Accelerator:
             scales the loss. JAX: prepared NNX modules compute in bfloat16, parameters and
             optimizer state stay float32.
         gradient_accumulation_steps: micro-batches per optimizer step (see `accumulate`).
+        log_with: experiment trackers (Accelerate's): ``"tensorboard"``, ``"mlflow"``, ``"wandb"``,
+            ``"all"`` (every installed one), `unified.tracking.GeneralTracker` instances, or a list;
+            see `init_trackers`.
 
     Example:
         >>> from unified import Accelerator
@@ -60,11 +64,13 @@ class Accelerator:
         timeout: float = DEFAULT_TIMEOUT,
         mixed_precision: Optional[str] = None,
         gradient_accumulation_steps: int = 1,
+        log_with: Any = None,
         **accelerate_kwargs: Any,
     ) -> None:
         _reject_unknown(accelerate_kwargs)
         self.mixed_precision: str = resolve_mixed_precision(mixed_precision)
         self.gradient_state = GradientState(num_steps=resolve_accumulation_steps(gradient_accumulation_steps))
+        self._trackers = TrackerSet(log_with, project_config, project_dir)  # checked before joining the group
         if isinstance(backend, Backend):
             self._backend = backend
         else:
@@ -645,14 +651,54 @@ class Accelerator:
         """
         return require(self._backend, KeyStream, "accelerator.next_key()").next_key()
 
+    # -- experiment trackers (the logic: unified/tracking.py) -----------------------------------
+    @property
+    def trackers(self) -> list:
+        """The started trackers (`unified.tracking.GeneralTracker`); empty off the main process."""
+        return list(self._trackers.trackers)
+
+    def init_trackers(self, project_name: str, config: Optional[Dict[str, Any]] = None,
+                      init_kwargs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+        """Start the ``log_with`` trackers on the main process (elsewhere: nothing), writing under
+        ``logging_dir``; ``config`` (hyperparameters) is stored with the run, ``init_kwargs`` maps a
+        tracker's name to keywords for it (e.g. ``{"wandb": {"tags": [...]}}``).
+
+        Example:
+            >>> accelerator = Accelerator(log_with="all", project_dir="runs/exp")
+            >>> accelerator.init_trackers("mnist", config={"lr": 1e-3, "batch_size": 64})
+        """
+        self._trackers.start(self._backend, project_name, self.logging_dir, config, init_kwargs)
+
+    def log(self, values: Dict[str, Any], step: Optional[int] = None,
+            log_kwargs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+        """Log ``values`` (name -> number, 0-d framework array, string or dict of numbers) at
+        ``step`` to every tracker; a no-op off the main process and before `init_trackers`.
+
+        Example:
+            >>> accelerator.log({"train_loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
+        """
+        self._trackers.log(self._backend, values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name`` (``unwrap=True``: the library's own object, e.g. the
+        ``SummaryWriter``, ``mlflow.ActiveRun`` or ``wandb.Run``); off the main process a tracker
+        whose calls do nothing.
+
+        Example:
+            >>> run = accelerator.get_tracker("wandb", unwrap=True)
+            >>> writer = accelerator.get_tracker("tensorboard").tracker
+        """
+        return self._trackers.get(name, unwrap)
+
     # -- the end ------------------------------------------------------------------------------
     def end_training(self) -> None:
-        """Finish pending work, wait for every process and leave the process group.
+        """Finish pending work and the trackers, wait for every process and leave the process group.
 
         Example:
             >>> accelerator.end_training()
         """
         self._finish_pending()
+        self._trackers.finish()
         self._checkpoints.wait_until_durable()  # the last checkpoint is on disk, retention applied
         self._checkpoints.release_folder()
         self._collectives.barrier("end_training")
@@ -708,7 +754,6 @@ def _only_if(condition: Callable[[], bool], function: F) -> F:
 # "nothing special"; any other value is refused rather than silently ignored.
 _NEUTRAL_ACCELERATE_KWARGS = {
     "cpu": (False, True),
-    "log_with": (None,),
     "split_batches": (False,),
     "dispatch_batches": (None, False),
     "even_batches": (True,),
@@ -724,7 +769,7 @@ def _reject_unknown(kwargs: dict) -> None:
         if name not in _NEUTRAL_ACCELERATE_KWARGS:
             raise TypeError(
                 f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
-                f"gradient_accumulation_steps, project_dir, project_config, seed, timeout, and Accelerate's "
+                f"gradient_accumulation_steps, log_with, project_dir, project_config, seed, timeout, and Accelerate's "
                 f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
             )
         if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:

@@ -2,5 +2,6 @@
 from .config import DistributedType, ProjectConfiguration
 from .logging import tqdm
 from .rng import set_seed
+from .tracking import LoggerType
 
-__all__ = ["set_seed", "ProjectConfiguration", "DistributedType", "tqdm"]
+__all__ = ["set_seed", "ProjectConfiguration", "DistributedType", "LoggerType", "tqdm"]

@@ -745,3 +745,41 @@ def ckpt_commit_failures(state: dict) -> dict:
     acc.wait_for_everyone()
     outcome["commit"]["left"] = sorted(n for n in os.listdir(_shared()) if "commit_fails" in n)
     return outcome
+
+
+# -- experiment trackers (run at the end of the data groups) ---------------------------------------
+TRACKED_STEPS = 3
+TRACKER_PACKAGES = ("tensorboardX", "mlflow", "wandb")
+
+
+def tracking(state: dict) -> dict:
+    """Every installed tracker: Python numbers and replicated 0-d framework arrays logged at 3
+    steps, under logging_dir; only process 0 writes (the others import no tracker package);
+    end_training closes the runs. The parent reads the files back (tests/conformance/tracker_files.py)."""
+    import sys
+
+    from unified.tracking import available_trackers
+
+    from unified.registry import backend_names, backend_spec
+
+    names = available_trackers()
+    acc = Accelerator(timeout=60, log_with=names or None, project_dir=_shared("tracking"))
+    frameworks = {backend_spec(name).framework for name in backend_names()}
+    frameworks_before = sorted(f for f in frameworks if f in sys.modules)
+    acc.init_trackers("conformance", config={"lr": 0.5, "layers": [2, 3], "name": "tiny"})
+    framework_arrays = []
+    for step in range(1, TRACKED_STEPS + 1):
+        reduced = acc.reduce(acc._backend.from_numpy(np.array(float(step), dtype=np.float32)), "sum")
+        framework_arrays.append(acc._backend.is_array(reduced))
+        acc.log({"loss": 1.0 / step, "reduced": reduced, "count": 10 * step}, step=step)
+    handles = {name: type(acc.get_tracker(name, unwrap=True)).__name__ for name in names}
+    wrapped = {name: type(acc.get_tracker(name)).__name__ for name in names}
+    writer = acc.get_tracker("tensorboard", unwrap=True) if "tensorboard" in names and acc.is_main_process else None
+    started = [t.name for t in acc.trackers]
+    acc.end_training()
+    return {"names": names, "started": started, "handles": handles, "wrapped": wrapped,
+            "framework_arrays": framework_arrays,
+            "imported": sorted(m for m in TRACKER_PACKAGES if m in sys.modules),
+            "frameworks_before": frameworks_before, "frameworks_after": sorted(f for f in frameworks if f in sys.modules),
+            "writer_closed": writer is None or writer.file_writer is None,
+            "after_end": [t.name for t in acc.trackers]}

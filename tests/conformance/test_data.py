@@ -1,14 +1,22 @@
-"""Conformance: sharded data, batch skipping and mid-epoch resume, in groups of 2 and 3."""
+"""Conformance: sharded data, batch skipping and mid-epoch resume, in groups of 2 and 3; the
+same groups end with the experiment trackers (process start-up is the expensive part)."""
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
+
+from unified.tracking import available_trackers
 
 from ..conftest import BACKENDS
 from .harness import run_group
 from .profiles import profile
+from .scenarios import TRACKED_STEPS
+from .tracker_files import READER_MODULES, READERS
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = ["start", "data_epochs", "data_skip", "data_resume", "data_torch_workers", "data_iterable"]
+SCENARIOS = ["start", "data_epochs", "data_skip", "data_resume", "data_torch_workers", "data_iterable", "tracking"]
 
 
 @pytest.fixture(scope="module", params=[(b, n) for b in BACKENDS for n in (2, 3)], ids=lambda p: f"{p[0]}-{p[1]}")
@@ -17,7 +25,7 @@ def group(request, tmp_path_factory):
     shared = tmp_path_factory.mktemp("data")
     result = run_group(backend, size, SCENARIOS, shared, extra_env={"UNIFIED_TEST_SHARED": str(shared)})
     assert all(rc == 0 for rc in result.returncodes), result.show_logs()
-    result.backend, result.size = backend, size
+    result.backend, result.size, result.shared = backend, size, shared
     return result
 
 
@@ -108,3 +116,35 @@ def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
     assert seen == list(range(full * g))                # every process its own share, once
     last = [x for r in rows for x in r["epoch0"][full:][0]] if left else []
     assert sorted(set(last)) == list(range(full * g, 20))  # the end: its items, repeated to fill up
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
+def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(group, tracker):
+    if tracker not in available_trackers() or importlib.util.find_spec(READER_MODULES[tracker]) is None:
+        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): pip install -e '.[tracking,test]'")
+    main, *others = group.scenario("tracking")
+    assert tracker in main["started"] and main["after_end"] == [], main
+    assert main["handles"][tracker] == {"tensorboard": "SummaryWriter", "mlflow": "ActiveRun", "wandb": "Run"}[tracker]
+    assert all(main["framework_arrays"]), "the scenario logged the backend's own 0-d arrays"
+    assert main["writer_closed"]
+    for other in others:  # no tracker, no tracker package, get_tracker a no-op
+        assert other["started"] == [] and other["imported"] == [], other
+        assert other["wrapped"][tracker] == "NoOpTracker" and other["handles"][tracker] == "NoOpTracker", other
+    # tensorboardX imports torch when it can: not in a process that had not (a JAX run)
+    assert main["frameworks_after"] == main["frameworks_before"], main
+
+    logging_dir = group.shared / "tracking"
+    found = READERS[tracker](logging_dir, "conformance")
+    assert found["runs"] == 1, f"expected one run, written by process 0 only: {found}"
+    n = group.size
+    steps = range(1, TRACKED_STEPS + 1)
+    assert [step for step, _ in found["scalars"]["loss"]] == list(steps)
+    assert [value for _, value in found["scalars"]["loss"]] == pytest.approx([1.0 / s for s in steps])
+    assert found["scalars"]["reduced"] == [(s, float(s * n)) for s in steps]  # a framework 0-d array, summed
+    assert found["scalars"]["count"] == [(s, 10.0 * s) for s in steps]
+    assert found["config"]["lr"] == "0.5" and "tiny" in found["config"]["name"]
+    assert found["closed"] in (True, None)  # None: event files do not record it (checked by writer_closed)
+    if tracker == "tensorboard":
+        assert found["hparam_files"] == 1
+    # Nothing else in the logging directory: the three trackers' own entries.
+    assert set(os.listdir(logging_dir)) <= {"conformance", "mlflow.db", "mlartifacts", "mlruns", "wandb"}
