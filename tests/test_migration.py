@@ -111,6 +111,8 @@ def test_migrated_script_stops_early_and_resumes(stop_and_resume):
     assert any(re.fullmatch(r"finished at step 60; weights sha256 [0-9a-f]{16}", line) for line in second), second
     assert "model saved: True" in second, second
     assert (project / "final_model" / "model.safetensors").is_file()
+    runs = list((project / "accelerate_script").glob("events.out.tfevents.*"))  # log_with="tensorboard"
+    assert len(runs) == 2, runs  # one event file per launch, written by the main process only
     checkpoints = sorted(p.name for p in (project / "checkpoints").iterdir())
     assert len(checkpoints) == 2 and all(re.fullmatch(r"checkpoint_\d+", c) for c in checkpoints), checkpoints
 

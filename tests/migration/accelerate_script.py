@@ -1,5 +1,6 @@
 """Train a small regression MLP with Hugging Face Accelerate: mixed precision, gradient
-accumulation, clipping, evaluation with gather_for_metrics, checkpoints, resume, early stop.
+accumulation, clipping, evaluation with gather_for_metrics, TensorBoard logging, checkpoints,
+resume, early stop.
 
     accelerate launch --num_processes 2 accelerate_script.py --project-dir runs/acc
     accelerate launch --num_processes 2 accelerate_script.py --project-dir runs/acc --resume
@@ -36,7 +37,8 @@ args = parser.parse_args()
 set_seed(args.seed)
 config = ProjectConfiguration(project_dir=args.project_dir, automatic_checkpoint_naming=True, total_limit=2)
 accelerator = Accelerator(project_config=config, mixed_precision=args.mixed_precision,
-                          gradient_accumulation_steps=args.grad_accum)
+                          gradient_accumulation_steps=args.grad_accum, log_with="tensorboard")
+accelerator.init_trackers("accelerate_script", config={"lr": args.lr, "grad_accum": args.grad_accum})
 accelerator.print(f"processes={accelerator.num_processes} device={accelerator.device}")
 
 
@@ -141,6 +143,7 @@ for epoch in range(starting_epoch, args.epochs):
             errors.append(accelerator.gather_for_metrics((model(x) - y).pow(2)))
     errors = torch.cat(errors)
     accelerator.print(f"eval: {len(errors)} samples, mse {errors.mean().item():.4f}")
+    accelerator.log({"train_loss": mean.item(), "eval_mse": errors.mean().item()}, step=epoch)
     if stopped:
         break
 
