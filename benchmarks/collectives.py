@@ -26,18 +26,14 @@ What is compared:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-MARKER = "UNIFIED_BENCH_JSON "
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launched import report, run_launched  # noqa: E402  (benchmarks/ is not a package)
 RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
 
 
@@ -143,34 +139,12 @@ def worker(args: argparse.Namespace) -> None:
         stats = _measure(pairs, args.iters, args.block, args.warmup)
         rows.append({"operation": operation, "stats": stats})
     if accelerator.is_main_process:
-        print(MARKER + json.dumps({"backend": accelerator.backend, "num_processes": accelerator.num_processes,
-                                   "iters": args.iters, "block": args.block, "rows": rows}), flush=True)
+        report({"backend": accelerator.backend, "num_processes": accelerator.num_processes,
+                "iters": args.iters, "block": args.block, "rows": rows})
     accelerator.end_training()
 
 
 # -- parent: launch one group per backend and print the table ----------------------------------
-def run_backend(backend: str, args: argparse.Namespace) -> Optional[dict]:
-    command = [sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
-               str(Path(__file__).resolve()), "--worker", "--iters", str(args.iters),
-               "--block", str(args.block), "--warmup", str(args.warmup)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    started = time.monotonic()
-    proc = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=args.group_timeout)
-    elapsed = time.monotonic() - started
-    pattern = re.compile(r"^\[0\]\s*" + re.escape(MARKER) + r"(.*)$")
-    for line in proc.stdout.splitlines():
-        match = pattern.match(line)
-        if match:
-            result = json.loads(match.group(1))
-            result["wall_s"] = elapsed
-            return result
-    sys.stderr.write(f"{backend}: no result (exit code {proc.returncode}); output:\n{proc.stdout}\n")
-    return None
-
-
 def table(results: List[dict]) -> str:
     lines = ["| backend | operation | ours median (µs) | raw median (µs) | ratio |",
              "|---|---|---:|---:|---:|"]
@@ -201,7 +175,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     results = []
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        result = run_backend(backend, args)
+        result = run_launched(__file__, backend, ["--iters", str(args.iters), "--block", str(args.block),
+                                                  "--warmup", str(args.warmup)], args.group_timeout)
         if result is None:
             return 1
         results.append(result)

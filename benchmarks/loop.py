@@ -29,11 +29,8 @@ Contenders:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,8 +38,9 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-MARKER = "UNIFIED_BENCH_JSON "
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from launched import report, run_launched  # noqa: E402  (benchmarks/ is not a package)
+
 FEATURES, HIDDEN, BATCH = 256, 512, 64  # BATCH rows per process and micro-batch
 
 
@@ -212,32 +210,12 @@ def worker(args: argparse.Namespace) -> None:
     accelerator, contenders, barrier = build(args.steps, micro_steps)
     stats = _time_rounds(contenders, args.rounds, micro_steps, barrier)
     if accelerator.is_main_process:
-        print(MARKER + json.dumps({"backend": backend, "num_processes": accelerator.num_processes,
-                                   "steps": args.steps, "micro_steps": micro_steps, "rounds": args.rounds,
-                                   "stats": stats}), flush=True)
+        report({"backend": backend, "num_processes": accelerator.num_processes, "steps": args.steps,
+                "micro_steps": micro_steps, "rounds": args.rounds, "stats": stats})
     accelerator.end_training()
 
 
 # -- parent ------------------------------------------------------------------------------------------
-def run_backend(backend: str, args: argparse.Namespace) -> Optional[dict]:
-    command = [sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend, str(Path(__file__).resolve()),
-               "--worker", "--rounds", str(args.rounds), "--windows", str(args.windows), "--steps", str(args.steps)]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    started = time.monotonic()
-    proc = subprocess.run(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=args.group_timeout)
-    pattern = re.compile(r"^\[0\]\s*" + re.escape(MARKER) + r"(.*)$")
-    for line in proc.stdout.splitlines():
-        match = pattern.match(line)
-        if match:
-            result = json.loads(match.group(1))
-            result["wall_s"] = time.monotonic() - started
-            return result
-    sys.stderr.write(f"{backend}: no result (exit code {proc.returncode}); output:\n{proc.stdout}\n")
-    return None
-
-
 def table(results: List[dict]) -> str:
     lines = ["| backend | loop | min (ms/micro-step) | median | max | median / raw |", "|---|---|---:|---:|---:|---:|"]
     for result in results:
@@ -262,7 +240,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     results = []
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        result = run_backend(backend, args)
+        result = run_launched(__file__, backend, ["--rounds", str(args.rounds), "--windows", str(args.windows),
+                                                  "--steps", str(args.steps)], args.group_timeout)
         if result is None:
             return 1
         results.append(result)
