@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Set
+from typing import Dict, Iterator, List, Optional, Set
 
 import pytest
 
@@ -92,14 +92,18 @@ class Group:
     def wait_for_workers(self, count: int = 2) -> None:
         """Until ``count`` workers recorded themselves; then remember the group's processes."""
         deadline = time.monotonic() + STARTUP_SECONDS
-        while len(list(self.folder.glob("[0-9]*"))) < count:
+        while len(self._records()) < count:
             assert self.launcher.poll() is None, f"the launcher ended early with {self.launcher.returncode}"
             assert time.monotonic() < deadline, "the workers did not start"
             time.sleep(0.1)
-        for path in self.folder.glob("[0-9]*"):
+        for path in self._records():
             self.pids.update(int(word) for word in path.read_text().split())
         self.pids |= _descendants(self.launcher.pid)
         self.pids.discard(self.launcher.pid)
+
+    def _records(self) -> List[Path]:
+        """The workers' complete records (``{pid}``; ``{pid}.tmp`` is one being written)."""
+        return [path for path in self.folder.glob("[0-9]*") if path.suffix != ".tmp"]
 
     def survivors(self) -> Set[int]:
         return _survivors(self.pids, GONE_BOUND_SECONDS)
