@@ -28,11 +28,31 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+_SENTENCE_ENDS = (".", "?", "!")
+
+
+class _Link(str):
+    """What `see` returns: a str that, appended to a message (``message + see(...)``), first
+    ends the message's last sentence with a full stop when it has none, so that no message
+    reads "... directory See docs/...", whatever the message ends with (a quoted error, a path)."""
+
+    __slots__ = ()
+
+    def __radd__(self, message: object) -> str:
+        if not isinstance(message, str):
+            return NotImplemented
+        text = message.rstrip()
+        if text and not text.endswith(_SENTENCE_ENDS):
+            text += "."
+        return text + str(self)
+
+
 def see(anchor: str) -> str:
     """The sentence appended to an error message that points to its troubleshooting section.
 
     Every message `unified` raises ends with it, so that a user can go from the message to the
-    section of ``docs/troubleshooting.md`` that explains its causes and fixes.
+    section of ``docs/troubleshooting.md`` that explains its causes and fixes. Appended with
+    ``+``, it also ends the message's last sentence with a full stop where it has none.
 
     Args:
         anchor: the ``<a id="...">`` of the message's section in ``docs/troubleshooting.md``.
@@ -43,9 +63,11 @@ def see(anchor: str) -> str:
     Example:
         >>> see("barrier-timeout")
         ' See docs/troubleshooting.md#barrier-timeout'
+        >>> "ckpt/manifest.json: missing" + see("manifest-missing")
+        'ckpt/manifest.json: missing. See docs/troubleshooting.md#manifest-missing'
         >>> raise ValueError("Invalid reduction: ..." + see("invalid-reduction"))  # doctest: +SKIP
     """
-    return f" See {TROUBLESHOOTING}#{anchor}"
+    return _Link(f" See {TROUBLESHOOTING}#{anchor}")
 
 
 class UnifiedError(Exception):

@@ -402,7 +402,7 @@ def _host_copy(value: Any) -> np.ndarray:
         if not value.is_fully_replicated:
             raise TypeError(
                 "an array sharded across processes cannot be saved by one process yet; keep the state "
-                "replicated (accelerator.prepare does) or save it with Orbax" + see("sharded-array")
+                "replicated (accelerator.prepare does) or save it with Orbax." + see("sharded-array")
             )
         value = value.addressable_shards[0].data
     return np.asarray(jax.device_get(value))

@@ -252,13 +252,13 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
             tensor = tensor.cpu()
         tensor = tensor.contiguous()
         if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors" + see("dtype-not-storable"))
+            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
         raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
         return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
 
     def describe_array(self, value: Any):
         if value.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored in safetensors" + see("dtype-not-storable"))
+            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
         return _SAFETENSORS_DTYPES[value.dtype], tuple(value.shape)
 
     # -- training objects ------------------------------------------------------------------------------

@@ -166,4 +166,44 @@ def test_see_and_barrier_timeout_message():
     assert message.endswith("See docs/troubleshooting.md#barrier-timeout"), message
     assert "process 1 did not arrive" in message
     detailed = str(unified.BarrierTimeout("gather #2", 5, None, detail="jax coordination service: x"))
-    assert detailed.endswith("(jax coordination service: x) See docs/troubleshooting.md#barrier-timeout")
+    assert detailed.endswith("(jax coordination service: x). See docs/troubleshooting.md#barrier-timeout")
+
+
+def test_see_ends_the_sentence_before_the_link():
+    """No message reads "... directory See docs/...": appending see() ends the last sentence."""
+    link = " See docs/troubleshooting.md#save-failed"
+    assert "the directory is missing" + see("save-failed") == "the directory is missing." + link
+    for ended in ("Saved.", "Which one?", "Stop!"):
+        assert ended + see("save-failed") == ended + link
+    assert "trailing space  " + see("save-failed") == "trailing space." + link
+    reason = OSError(28, "No space left on device")
+    assert f"process 1: {reason}" + see("save-failed") == "process 1: [Errno 28] No space left on device." + link
+    message = str(unified.CheckpointError("a (quoted) reason" + see("save-failed")))
+    assert message == "a (quoted) reason." + link and type("x" + see("save-failed")) is str
+
+
+def _literal_end(node: ast.expr):
+    """The literal text that ends the expression ``node`` (None when it ends with a value)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[-1], ast.Constant):
+        return node.values[-1].value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _literal_end(node.right)
+    return None
+
+
+def test_messages_end_their_last_sentence_before_the_link():
+    """In the source too: the text written right before every ``... + see(...)`` ends with '.', '?'
+    or '!' (a message that ends with a value, e.g. a quoted error, gets its full stop from see())."""
+    offenders, checked = [], 0
+    for path, source, tree in _sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _see_calls(node.right) \
+                    and isinstance(node.right, ast.Call):
+                text = _literal_end(node.left)
+                checked += text is not None
+                if text is not None and not text.rstrip().endswith((".", "?", "!")):
+                    offenders.append(f"{path}:{node.lineno}: ...{text[-50:]!r} + see(...)")
+    assert checked > 50, checked  # the scan finds the messages
+    assert not offenders, "end these sentences before the link:\n" + "\n".join(offenders)

@@ -80,7 +80,7 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
 
 
 def _invalid_structure(detail: str) -> CheckpointError:
-    return CheckpointError(f"manifest.json: an object's structure is damaged or hostile ({detail}); load another checkpoint"
+    return CheckpointError(f"manifest.json: an object's structure is damaged or hostile ({detail}); load another checkpoint."
                            + see("invalid-structure"))
 
 
@@ -131,7 +131,7 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
         if not isinstance(name, str):
             raise _invalid_structure(f"array name {_shown(name)}")
         if name not in arrays:
-            raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds" + see("missing-array"))
+            raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds." + see("missing-array"))
         return to_framework(arrays[name]) if node.get("kind") == "framework" and name not in ready else arrays[name]
 
     def key(node: Any, depth: int) -> Any:

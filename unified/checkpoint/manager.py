@@ -343,7 +343,7 @@ class CheckpointManager:
         except FileNotFoundError:  # deleted meanwhile (by the user): nothing to make durable
             return
         except OSError as err:  # the checkpoint may not survive a power loss: keep the older ones
-            warnings.warn(f"{final}: could not be synced to disk ({err}); older checkpoints are kept"
+            warnings.warn(f"{final}: could not be synced to disk ({err}); older checkpoints are kept."
                           + see("fsync-failed"), stacklevel=1)
             return
         if self.config.automatic_checkpoint_naming:
@@ -381,7 +381,7 @@ class CheckpointManager:
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
             found = layout.numbered_checkpoints(folder)
             if not found:
-                raise CheckpointError(f"{folder}: no complete checkpoint to load" + see("no-complete-checkpoint"))
+                raise CheckpointError(f"{folder}: no complete checkpoint to load." + see("no-complete-checkpoint"))
             return found[-1][1]
         target = input_dir if input_dir is not None else config.project_dir
         if target is None:
@@ -400,7 +400,7 @@ class CheckpointManager:
         failed = self._on_main_process(
             "load_state (recover)", lambda: layout.recover(target),
             lambda err: CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
-                                        f"({err})" + see("recover-failed")))
+                                        f"({err})." + see("recover-failed")))
         if failed:
             raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
 
@@ -440,7 +440,7 @@ class CheckpointManager:
         names = manifest["sharded"]
         missing = [n for n in names.values() if n not in current]
         if missing:
-            raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects"
+            raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects."
                                   + see("sharded-no-counterpart"))
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
         restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()})
@@ -460,7 +460,7 @@ class CheckpointManager:
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
         info = manifest["files"].get(name)
         if info is None:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run"
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run."
                                   + see("lists-no-file"))
         return safetensors_io.read(check_file_name(directory, name), info["size"], info["xxh3"])
 
@@ -496,7 +496,7 @@ class CheckpointManager:
         if manifest.get("num_processes") == self.backend.num_processes:
             name = f"rng_{rank}"
             if name not in structures:
-                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it"
+                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it."
                                       + see("no-rng-state"))
             rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
             self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
@@ -509,12 +509,12 @@ class CheckpointManager:
         where = os.path.join(directory, "manifest.json")
         if self.sharding is None:
             raise CheckpointError(f"{where}: holds arrays sharded across processes, which the {self.backend.name!r} "
-                                  "backend cannot read" + see("sharded-no-counterpart"))
+                                  "backend cannot read." + see("sharded-no-counterpart"))
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
         root = os.path.join(directory, self.sharded_dir)
         if not listed or not os.path.isdir(root) or os.path.islink(root):
-            raise CheckpointError(f"{where}: names sharded arrays but {self.sharded_dir}/ is missing or lists no file"
+            raise CheckpointError(f"{where}: names sharded arrays but {self.sharded_dir}/ is missing or lists no file."
                                   + see("sharded-files-unlisted"))
         for folder, subfolders, names in os.walk(root):
             for name in subfolders + names:
@@ -525,7 +525,7 @@ class CheckpointManager:
                     continue
                 if not stat.S_ISREG(mode) or relative not in listed:
                     what = "not a regular file" if not stat.S_ISREG(mode) else "not listed in the manifest"
-                    raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it"
+                    raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it."
                                           + see("sharded-files-unlisted"))
         for name, info in listed.items():
             verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
@@ -542,7 +542,7 @@ class CheckpointManager:
                 continue
             if name not in saved:
                 raise CheckpointError(f"{where}: has no tensor {name!r}, which this run's {entry.name} has; the "
-                                      "checkpoint does not match this model" + see("tensor-mismatch"))
+                                      "checkpoint does not match this model." + see("tensor-mismatch"))
             if isinstance(value, np.ndarray):
                 want = (safetensors_io.safetensors_dtype(value.dtype), tuple(value.shape))
             else:
@@ -551,12 +551,12 @@ class CheckpointManager:
             if got != want:
                 raise CheckpointError(
                     f"{where}: tensor {name!r} is {got[0]} {list(got[1])} in the checkpoint; this run's {entry.name} "
-                    f"has {want[0]} {list(want[1])}. Nothing was restored: build the object as the saving run did"
+                    f"has {want[0]} {list(want[1])}. Nothing was restored: build the object as the saving run did."
                     + see("tensor-mismatch"))
         extra = sorted(set(saved) - set(live) - set(sharded)) if entry.strict else []
         if extra:
             raise CheckpointError(f"{where}: holds tensor(s) {', '.join(map(repr, extra[:5]))} that this run's "
-                                  f"{entry.name} does not have; the checkpoint does not match this model" + see("tensor-mismatch"))
+                                  f"{entry.name} does not have; the checkpoint does not match this model." + see("tensor-mismatch"))
 
     def _check_rng(self, rng: Any, where: str) -> None:
         """Refuse, before anything is restored, RNG state that lacks a generator this run has:
@@ -568,18 +568,18 @@ class CheckpointManager:
         missing += sorted(set(current) - set(framework if isinstance(framework, dict) else ()))
         if missing:
             raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this run; "
-                                  "refusing to resume without it" + see("rng-restore"))
+                                  "refusing to resume without it." + see("rng-restore"))
         for name, value in current.items():
             saved = framework[name]
             if not (isinstance(saved, np.ndarray) and saved.dtype == np.asarray(value).dtype
                     and saved.shape == np.shape(value)):
                 raise CheckpointError(f"{where}: the state of generator {name!r} does not fit this run's "
-                                      "(another dtype or size)" + see("rng-restore"))
+                                      "(another dtype or size)." + see("rng-restore"))
         scratch_random, scratch_numpy = random.getstate(), np.random.get_state()
         try:  # the host generators refuse a malformed state here, before anything is restored
             restore_host_rng(host)
         except (TypeError, ValueError, KeyError, OverflowError) as err:
-            raise CheckpointError(f"{where}: malformed Python/NumPy generator state ({err})" + see("rng-restore")) from err
+            raise CheckpointError(f"{where}: malformed Python/NumPy generator state ({err})." + see("rng-restore")) from err
         finally:
             random.setstate(scratch_random)
             np.random.set_state(scratch_numpy)

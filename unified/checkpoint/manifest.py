@@ -155,7 +155,7 @@ def _parse_manifest_json(raw: bytes, path: str) -> Any:
     """``json.loads(raw)`` once the manifest is known to be ASCII (as our writer makes it), not
     nested beyond `MAX_MANIFEST_DEPTH` and cheap enough to parse (`MAX_PARSE_RATIO`)."""
     if not raw.isascii():
-        raise CheckpointError(f"{path}: not a valid manifest (it holds non-ASCII bytes; unified writes it as ASCII JSON)"
+        raise CheckpointError(f"{path}: not a valid manifest (it holds non-ASCII bytes; unified writes it as ASCII JSON)."
                               + see("manifest-invalid"))
     depth, cost = json_parse_cost(raw)
     if depth > MAX_MANIFEST_DEPTH:
@@ -169,7 +169,7 @@ def _parse_manifest_json(raw: bytes, path: str) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError) as err:  # RecursionError: nesting hidden by brackets in strings
-        raise CheckpointError(f"{path}: not a valid manifest ({err})" + see("manifest-invalid")) from err
+        raise CheckpointError(f"{path}: not a valid manifest ({err})." + see("manifest-invalid")) from err
 
 
 # -- reading the manifest --------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def _refuse_links(directory: str, folders: Any, checked: Set[str]) -> None:
         except OSError:
             return  # missing: opening the file will say so
         if stat.S_ISLNK(mode):
-            raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it" + see("link-inside-checkpoint"))
+            raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it." + see("link-inside-checkpoint"))
         checked.add(path)
 
 
@@ -207,7 +207,7 @@ def check_file_name(directory: str, name: str, checked: Optional[Set[str]] = Non
         raise CheckpointError(
             f"{os.path.join(directory, MANIFEST)}: refusing file name {_shown(name)} (only plain names inside the "
             f"checkpoint are allowed: at most {MAX_NAME_PARTS} '/'-separated parts of [A-Za-z0-9_.-], none '.' or "
-            f"'..', each at most {MAX_PART_CHARS} characters, {MAX_NAME_CHARS} in all)" + see("refusing-file-name"))
+            f"'..', each at most {MAX_PART_CHARS} characters, {MAX_NAME_CHARS} in all)." + see("refusing-file-name"))
     parts = name.split("/")
     _refuse_links(directory, parts[:-1], set() if checked is None else checked)
     return os.path.join(directory, *parts)
@@ -224,14 +224,14 @@ def _read_manifest_bytes(path: str) -> bytes:
         fd = open_regular_file(path)
     except OSError as err:
         raise CheckpointError(
-            f"{path}: missing or unreadable ({err.strerror}); this directory is not a complete checkpoint"
+            f"{path}: missing or unreadable ({err.strerror}); this directory is not a complete checkpoint."
             + see("manifest-missing")
         ) from err
     with os.fdopen(fd, "rb") as handle:
         size = os.fstat(fd).st_size
         raw = handle.read(size + 1) if size <= MAX_MANIFEST_BYTES else b""
     if size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it" + see("manifest-too-large"))
+        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it." + see("manifest-too-large"))
     return raw
 
 
@@ -256,28 +256,28 @@ def _check_fields(body: Dict[str, Any], path: str) -> None:
 
 def _check_files(directory: str, files: Any, path: str) -> None:
     if not isinstance(files, dict):
-        raise CheckpointError(f"{path}: 'files' must be a mapping" + see("manifest-files"))
+        raise CheckpointError(f"{path}: 'files' must be a mapping." + see("manifest-files"))
     checked: Set[str] = set()
     for name, info in files.items():
         check_file_name(directory, name, checked)
         if not (isinstance(info, dict) and _is_int(info.get("size")) and info["size"] >= 0
                 and isinstance(info.get("xxh3"), str) and _CHECKSUM.fullmatch(info["xxh3"])):
             raise CheckpointError(f"{path}: entry for {_shown(name)} needs a non-negative integer 'size' and an 'xxh3' "
-                                  "checksum of 16 hex digits" + see("manifest-files"))
+                                  "checksum of 16 hex digits." + see("manifest-files"))
 
 
 def read_manifest(directory: str) -> Dict[str, Any]:
     """Read and validate ``manifest.json``; raise `CheckpointError` naming the problem."""
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
-        raise CheckpointError(f"{directory}: no such checkpoint directory" + see("no-such-directory"))
+        raise CheckpointError(f"{directory}: no such checkpoint directory." + see("no-such-directory"))
     document = read_manifest_document(path)
     if not (isinstance(document, dict) and isinstance(document.get("manifest_xxh3"), str)):
-        raise CheckpointError(f"{path}: not a valid manifest (expected a JSON object with a 'manifest_xxh3' string)"
+        raise CheckpointError(f"{path}: not a valid manifest (expected a JSON object with a 'manifest_xxh3' string)."
                               + see("manifest-invalid"))
     body = {k: v for k, v in document.items() if k != "manifest_xxh3"}
     if body.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {_shown(body.get('format'))})" + see("manifest-format"))
+        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {_shown(body.get('format'))})." + see("manifest-format"))
     if not (_is_int(body.get("format_version")) and body["format_version"] == FORMAT_VERSION):
         raise CheckpointError(
             f"{path}: format version {_shown(body.get('format_version'))}; this unified reads version {FORMAT_VERSION}. "
@@ -286,9 +286,9 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     try:
         digest = _digest(body)
     except RecursionError as err:  # nesting hidden by brackets in strings (see json_parse_cost)
-        raise CheckpointError(f"{path}: not a valid manifest (nested too deep to check)" + see("manifest-invalid")) from err
+        raise CheckpointError(f"{path}: not a valid manifest (nested too deep to check)." + see("manifest-invalid")) from err
     if document["manifest_xxh3"] != digest:
-        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)" + see("manifest-modified"))
+        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)." + see("manifest-modified"))
     _check_fields(body, path)
     _check_files(directory, body.get("files"), path)
     return body

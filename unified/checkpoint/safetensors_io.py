@@ -60,7 +60,7 @@ def numpy_dtype(name: str) -> np.dtype:
 def safetensors_dtype(dtype: np.dtype) -> str:
     name = np.dtype(dtype).name
     if name not in _BY_NUMPY:
-        raise TypeError(f"arrays of dtype {name} cannot be stored in safetensors" + see("dtype-not-storable"))
+        raise TypeError(f"arrays of dtype {name} cannot be stored in safetensors." + see("dtype-not-storable"))
     return _BY_NUMPY[name]
 
 
@@ -159,7 +159,7 @@ def _open_for_reading(path: str) -> int:
     try:
         return open_regular_file(path)
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})" + see("cannot-open-file")) from err
+        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})." + see("cannot-open-file")) from err
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
@@ -177,15 +177,15 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
             raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
                                   + see("size-mismatch"))
         if size == 0:
-            raise CheckpointError(f"{path}: empty file" + see("empty-file"))
+            raise CheckpointError(f"{path}: empty file." + see("empty-file"))
         try:
             buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as err:  # e.g. truncated since fstat
-            raise CheckpointError(f"{path}: cannot open checkpoint file ({err})" + see("cannot-open-file")) from err
+            raise CheckpointError(f"{path}: cannot open checkpoint file ({err})." + see("cannot-open-file")) from err
     finally:
         os.close(fd)
     if xxhash.xxh3_64_hexdigest(buffer) != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified" + see("checksum-mismatch"))
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
     return parse(buffer, path)
 
 
@@ -203,7 +203,7 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
             digest.update(chunk)
             total += len(chunk)
     if checksum is not None and digest.hexdigest() != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified" + see("checksum-mismatch"))
+        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
     return {"size": total, "xxh3": digest.hexdigest()}
 
 
@@ -231,7 +231,7 @@ _INFO_KEYS = {"dtype", "shape", "data_offsets"}
 
 
 def _not_safetensors(name: str, detail: str) -> CheckpointError:
-    return CheckpointError(f"{name}: not a valid safetensors file ({detail})" + see("invalid-safetensors"))
+    return CheckpointError(f"{name}: not a valid safetensors file ({detail})." + see("invalid-safetensors"))
 
 
 def _after(text: str, at: int, token: str, name: str) -> int:
