@@ -27,11 +27,19 @@ from typing import Callable, Dict, Optional, Protocol
 
 from .errors import first_line, see
 
-__all__ = ["HealthChannel", "Watchdog"]
+__all__ = ["CHANNEL_KINDS", "HealthChannel", "Watchdog"]
+
+
+# What the processes of a group post on their health channel, each under ``<kind>/<process index>``:
+# the watchdog's heartbeat, failure and goodbye, and the reason a process could not write its
+# part of an asynchronous save (unified.checkpoint.manager). A channel that cannot list what was
+# posted reads exactly these names.
+CHANNEL_KINDS = ("alive", "failed", "bye", "save-failed")
 
 
 class HealthChannel(Protocol):
-    """Non-blocking key-value access shared by the processes of one group."""
+    """Non-blocking key-value access shared by the processes of one group; names are
+    ``<kind>/<process index>`` with a kind of `CHANNEL_KINDS`."""
 
     def post(self, name: str, value: str) -> None:
         """Set (or overwrite) ``name``."""

@@ -18,6 +18,7 @@ from unified.backend import ArrayCollectives, Autograd, Backend, ForeignLoaders,
 from unified.checkpoint.safetensors_io import DTYPE_NAMES
 from unified.environment import ProcessEnvironment
 from unified.errors import DistributedError, first_line, see
+from unified.watchdog import CHANNEL_KINDS
 
 from .loop import PreparedScheduler, TorchTrainingLoop
 
@@ -34,8 +35,6 @@ _MAX_SLEEP_S = 0.005
 class _StoreChannel:
     """The watchdog's channel: keys in the rendezvous store (hosted by torchrun's agent)."""
 
-    _KINDS = ("alive", "failed", "bye")
-
     def __init__(self, store: Any, size: int) -> None:
         self._store, self._size = store, size
 
@@ -43,7 +42,7 @@ class _StoreChannel:
         self._store.set(name, value)
 
     def read(self) -> Dict[str, str]:
-        names = [f"{kind}/{rank}" for kind in self._KINDS for rank in range(self._size)]
+        names = [f"{kind}/{rank}" for kind in CHANNEL_KINDS for rank in range(self._size)]
         present = [name for name in names if self._store.check([name])]  # get() would block on a missing key
         return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
 

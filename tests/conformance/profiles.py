@@ -26,6 +26,8 @@ class Profile:
         loop_setup: ``"module:Class"`` of the training-loop setup (see `loop_scenarios.py`) of a
             backend with the TrainingLoop capability; ``None`` skips the training-loop suite.
         torch_loaders: the backend prepares torch DataLoaders (custom samplers, metrics scenarios).
+        health_channel: the backend has a `Backend.health_channel` in a process group, through
+            which a process that cannot write its part of an async save tells the others at once.
     """
 
     training: str
@@ -33,6 +35,7 @@ class Profile:
     torch_worker_loaders: bool = False
     loop_setup: Optional[str] = None
     torch_loaders: bool = False
+    health_channel: bool = True
 
 
 _BUILT_IN: Dict[str, Profile] = {

@@ -783,3 +783,51 @@ def tracking(state: dict) -> dict:
             "frameworks_before": frameworks_before, "frameworks_after": sorted(f for f in frameworks if f in sys.modules),
             "writer_closed": writer is None or writer.file_writer is None,
             "after_end": [t.name for t in acc.trackers]}
+
+
+def ckpt_async_part_failures(state: dict) -> dict:
+    """An async save whose last process cannot write its part reaches every process at once (as a
+    failed synchronous commit does), and leaves nothing behind: a full disk there (its files and
+    its part marker fail), or only the marker failing. The main process learns it through the
+    group's health channel, not from the marker file it would otherwise wait for until the timeout."""
+    import errno
+
+    from profiles import profile
+    from training import make
+    from unified.checkpoint import manager as manager_module
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    if not profile(acc.backend).health_channel:
+        return {"applies": False}
+    run = make(acc)
+    run.step()
+    real_write, real_marker = manager_module.safetensors_io.write, manager_module._write_part_marker
+
+    def full_disk(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    outcome = {"applies": True}
+    for case in ("full_disk", "marker"):
+        if acc.is_last_process:
+            manager_module._write_part_marker = full_disk
+            if case == "full_disk":
+                manager_module.safetensors_io.write = full_disk
+        start = time.monotonic()
+        try:
+            acc.save_state(_shared(f"async_part_{case}"), async_save=True)
+            acc.wait_for_checkpoint()
+            result = {"raised": None}
+        except Exception as err:  # noqa: BLE001 - the test wants to see what it was
+            result = {"raised": type(err).__name__, "message": str(err)}
+        finally:
+            manager_module.safetensors_io.write, manager_module._write_part_marker = real_write, real_marker
+        result["elapsed"] = time.monotonic() - start
+        acc.wait_for_everyone()
+        result["left"] = sorted(n for n in os.listdir(_shared()) if f"async_part_{case}" in n)
+        outcome[case] = result
+    run.step()  # the group still works
+    acc.save_state(_shared("async_part_after"), async_save=True)
+    acc.wait_for_checkpoint()
+    outcome["saved_after"] = os.path.isfile(_shared("async_part_after", "manifest.json"))
+    return outcome

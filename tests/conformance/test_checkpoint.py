@@ -11,6 +11,7 @@ import pytest
 
 from ..conftest import BACKENDS
 from .harness import run_group
+from .profiles import profile
 
 pytestmark = pytest.mark.multiprocess
 
@@ -31,11 +32,12 @@ def resumed(request, tmp_path_factory):
     first = _ok(run_group(request.param, 2, ["ckpt_first_run"], shared, extra_env=_env(shared)))
     second = _ok(run_group(request.param, 2, ["ckpt_resume_run"], shared, extra_env=_env(shared)))
     explicit = _ok(run_group(request.param, 2, ["ckpt_explicit_dir", "ckpt_snapshot_failure", "ckpt_async_edits",
-                                                "ckpt_mismatch", "ckpt_commit_failures"], shared, extra_env=_env(shared)))
+                                                "ckpt_mismatch", "ckpt_commit_failures", "ckpt_async_part_failures"],
+                                shared, extra_env=_env(shared)))
     return (request.param, first.scenario("ckpt_first_run"), second.scenario("ckpt_resume_run"),
             explicit.scenario("ckpt_explicit_dir"), explicit.scenario("ckpt_snapshot_failure"),
             explicit.scenario("ckpt_async_edits"), explicit.scenario("ckpt_mismatch"),
-            explicit.scenario("ckpt_commit_failures"))
+            explicit.scenario("ckpt_commit_failures"), explicit.scenario("ckpt_async_part_failures"))
 
 
 def test_resume_is_bit_identical_to_an_uninterrupted_run(resumed):
@@ -126,6 +128,23 @@ def test_an_interrupted_commit_is_repaired_once_and_a_failed_commit_reaches_ever
         assert "failed while committing" in commit["message"] and "No space left" in commit["message"], commit
         assert commit["elapsed"] < 30, (rank, commit)  # at once, not after the 60 s timeout
         assert commit["left"] == [], (rank, commit)  # no temporary directory, no checkpoint
+
+
+def test_an_async_save_that_a_process_cannot_write_fails_everywhere_at_once(resumed):
+    backend, outcomes = resumed[0], resumed[8]
+    if not profile(backend).health_channel:  # no channel to tell the main process: it waits for the timeout
+        assert all(o == {"applies": False} for o in outcomes)
+        return
+    last = len(outcomes) - 1
+    for rank, outcome in enumerate(outcomes):
+        for case in ("full_disk", "marker"):
+            r = outcome[case]
+            assert r["raised"] == "CheckpointError", (rank, case, r)
+            assert "No space left" in r["message"] and f"process {last}" in r["message"], (rank, case, r["message"])
+            assert r["elapsed"] < 30, (rank, case, r)  # at once, not after the 60 s timeout
+            assert r["left"] == [], (rank, case, r)  # no temporary directory, no checkpoint
+        assert "part marker" in outcome["marker"]["message"], outcome["marker"]["message"]
+        assert outcome["saved_after"], rank
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -25,6 +25,7 @@ import numpy as np
 from ..backend import Backend, ShardedArrays, WriteGuards
 from ..errors import CheckpointError, see
 from ..rng import capture_host_rng, restore_host_rng
+from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lock, safetensors_io
 from .manifest import check_file_name, read_manifest, write_manifest
 from .safetensors_io import verify_file
@@ -57,6 +58,19 @@ def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
 def _commit_error(final: str, err: OSError) -> CheckpointError:
     return CheckpointError(f"save_state({final!r}) failed while committing and was not committed; the previous "
                            f"checkpoint is intact. process 0: {err}" + see("save-failed"))
+
+
+# The health-channel kind under which a process posts why it could not write its part of an
+# async save (``save-failed/{rank}``: JSON ``{"token", "error"}``).
+PART_FAILED = "save-failed"
+assert PART_FAILED in CHANNEL_KINDS
+
+
+def _write_part_marker(path: str, report: Dict[str, Any]) -> None:
+    """A non-main process's report of an async save, for the main process (atomically)."""
+    with open(path + ".partial", "w") as handle:
+        json.dump(report, handle)
+    os.replace(path + ".partial", path)
 
 
 @dataclass
@@ -107,6 +121,7 @@ class CheckpointManager:
         self._durability: Optional[threading.Thread] = None  # main process: fsync, then retention
         self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
         self._held_folder: Optional[str] = None
+        self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
 
     def _is_sharded(self, value: Any) -> bool:
         return self.sharding is not None and self.sharding.is_sharded(value)
@@ -288,17 +303,25 @@ class CheckpointManager:
 
     def save_in_background(self, final: str, token: str, tmp: str, snap: Snapshot) -> str:
         """The async variant, run in a thread on every process, without collectives: each process
-        leaves a part marker in ``tmp``; the main process waits for all markers, then commits."""
+        leaves a part marker in ``tmp`` (its report, or why it could not write its part); the main
+        process waits for all markers, then commits. A process that cannot write even its marker
+        (a full disk) posts why on the group's health channel, so that the main process learns it
+        at once rather than at the timeout."""
         report = self.write_part(tmp, snap)
         rank, count = self.backend.process_index, self.backend.num_processes
         if rank != 0:
-            marker = os.path.join(tmp, f"part_{rank}.json")
-            with open(marker + ".partial", "w") as handle:
-                json.dump(report, handle)
-            os.replace(marker + ".partial", marker)
+            try:
+                _write_part_marker(os.path.join(tmp, f"part_{rank}.json"), report)
+            except BaseException as err:
+                reason = f"process {rank}: could not write its part marker ({err})"
+                reason = f"{report['error']}; {reason}" if "error" in report else reason
+                self._post_part_failure(token, reason)
+                if not isinstance(err, OSError):
+                    raise
+                _raise_reported(final, [{"error": reason}])
             _raise_reported(final, [report])  # the main process will not commit; say why here too
             return final
-        reports = [report] + [self._wait_marker(os.path.join(tmp, f"part_{r}.json")) for r in range(1, count)]
+        reports = [report] + [self._wait_part(tmp, r, token) for r in range(1, count)]
         try:
             self._commit(final, tmp, token, reports, snap.iteration)
         except OSError as err:
@@ -306,10 +329,41 @@ class CheckpointManager:
         _raise_reported(final, reports)
         return final
 
-    def _wait_marker(self, path: str) -> Dict[str, Any]:
+    def _health(self) -> Optional[Any]:
+        """The group's health channel (see `Backend.health_channel`), or None without one."""
+        if self._channel is None:
+            self._channel = (self.backend.health_channel() if self.backend.num_processes > 1 else None) or False
+        return self._channel or None
+
+    def _post_part_failure(self, token: str, reason: str) -> None:
+        channel = self._health()
+        if channel is not None:
+            try:
+                channel.post(f"{PART_FAILED}/{self.backend.process_index}", json.dumps({"token": token, "error": reason}))
+            except Exception:  # noqa: BLE001 - the service may be gone; the marker or the timeout still tell
+                pass
+
+    def _posted_part_failure(self, channel: Any, rank: int, token: str) -> Optional[str]:
+        try:
+            posted = channel.read().get(f"{PART_FAILED}/{rank}")
+            failure = json.loads(posted) if posted else None
+        except Exception:  # noqa: BLE001 - as above
+            return None
+        return failure["error"] if isinstance(failure, dict) and failure.get("token") == token else None
+
+    def _wait_part(self, tmp: str, rank: int, token: str) -> Dict[str, Any]:
+        """Process ``rank``'s report: its marker, or the failure it posted, or a timeout."""
+        path = os.path.join(tmp, f"part_{rank}.json")
         deadline = time.monotonic() + self.collectives.timeout
+        channel, look_at = self._health(), 0.0
         while not os.path.exists(path):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if channel is not None and now >= look_at:
+                failure = self._posted_part_failure(channel, rank, token)
+                if failure is not None:
+                    return {"error": failure}
+                look_at = now + 0.05
+            if now > deadline:
                 return {"error": f"{path} did not appear within {self.collectives.timeout:g}s"}
             time.sleep(0.01)
         with open(path) as handle:

@@ -20,7 +20,7 @@ SPEC = BackendSpec(
 def _profile():
     from tests.conformance.profiles import Profile
 
-    return Profile("unified_numpy_backend.training:NumpyTraining", "MULTI_CPU")
+    return Profile("unified_numpy_backend.training:NumpyTraining", "MULTI_CPU", health_channel=False)
 
 
 PROFILE = _profile()
