@@ -362,7 +362,7 @@ class CheckpointManager:
                 failure = self._posted_part_failure(channel, rank, token)
                 if failure is not None:
                     return {"error": failure}
-                look_at = now + 0.05
+                look_at = now + 0.2  # a read costs one request per name on some channels
             if now > deadline:
                 return {"error": f"{path} did not appear within {self.collectives.timeout:g}s"}
             time.sleep(0.01)
