@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launched import report, run_launched  # noqa: E402  (benchmarks/ is not a package)
+from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
 RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
 
 
@@ -173,15 +173,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    results = []
-    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        result = run_launched(__file__, backend, ["--iters", str(args.iters), "--block", str(args.block),
-                                                  "--warmup", str(args.warmup)], args.group_timeout)
-        if result is None:
-            return 1
-        results.append(result)
-        print(f"{backend}: {result['num_processes']} processes, {result['iters']} calls per variant "
-              f"(blocks of {result['block']}), {result['wall_s']:.1f} s", file=sys.stderr)
+    results = launch_each(__file__, args.backends, ["--iters", str(args.iters), "--block", str(args.block),
+                                                    "--warmup", str(args.warmup)], args.group_timeout,
+                          lambda r: f"{r['num_processes']} processes, {r['iters']} calls per variant "
+                                    f"(blocks of {r['block']})")
+    if results is None:
+        return 1
     print(table(results))
     return 0
 

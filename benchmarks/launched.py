@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "UNIFIED_BENCH_JSON "
@@ -37,3 +37,17 @@ def run_launched(script: str, backend: str, worker_args: List[str], timeout: flo
             return {**json.loads(match.group(1)), "wall_s": time.monotonic() - started}
     sys.stderr.write(f"{backend}: no result (exit code {proc.returncode}); output:\n{proc.stdout}\n")
     return None
+
+
+def launch_each(script: str, backends: str, worker_args: List[str], timeout: float,
+                describe: Callable[[dict], str]) -> Optional[List[dict]]:
+    """`run_launched` for each of the comma-separated ``backends``, a line per group on stderr
+    (``describe(result)`` and its wall time); None as soon as one group gives no result."""
+    results = []
+    for backend in [b.strip() for b in backends.split(",") if b.strip()]:
+        result = run_launched(script, backend, worker_args, timeout)
+        if result is None:
+            return None
+        results.append(result)
+        print(f"{backend}: {describe(result)}, {result['wall_s']:.1f} s", file=sys.stderr)
+    return results

@@ -39,7 +39,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launched import report, run_launched  # noqa: E402  (benchmarks/ is not a package)
+from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
 
 FEATURES, HIDDEN, BATCH = 256, 512, 64  # BATCH rows per process and micro-batch
 
@@ -238,15 +238,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    results = []
-    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        result = run_launched(__file__, backend, ["--rounds", str(args.rounds), "--windows", str(args.windows),
-                                                  "--steps", str(args.steps)], args.group_timeout)
-        if result is None:
-            return 1
-        results.append(result)
-        print(f"{backend}: {result['num_processes']} processes, {result['rounds']} rounds of {result['micro_steps']} "
-              f"micro-steps (N={result['steps']}), {result['wall_s']:.1f} s", file=sys.stderr)
+    results = launch_each(__file__, args.backends, ["--rounds", str(args.rounds), "--windows", str(args.windows),
+                                                    "--steps", str(args.steps)], args.group_timeout,
+                          lambda r: f"{r['num_processes']} processes, {r['rounds']} rounds of {r['micro_steps']} "
+                                    f"micro-steps (N={r['steps']})")
+    if results is None:
+        return 1
     print(table(results))
     return 0
 
