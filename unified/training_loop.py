@@ -110,8 +110,6 @@ class LoopSettings:
     mixed_precision: str
     gradients: GradientState
     num_processes: int
-    split_batches: bool = False
-    step_scheduler_with_optimizer: bool = True
 
 
 def scheduler_steps(settings: LoopSettings) -> int:
@@ -119,15 +117,14 @@ def scheduler_steps(settings: LoopSettings) -> int:
 
     As in Accelerate: 0 between accumulation boundaries and after an optimizer step skipped on
     overflow; else ``num_processes`` (each process sees 1/num_processes of the batches, so a
-    schedule sized from the un-prepared loader ends where the user expects), or 1 with
-    ``split_batches`` or ``step_scheduler_with_optimizer=False``.
+    schedule sized from the un-prepared loader ends where the user expects). Accelerate's
+    ``split_batches`` and ``step_scheduler_with_optimizer=False``, which step once, are refused
+    by the Accelerator.
 
     Example:
         >>> scheduler_steps(LoopSettings("no", GradientState(), num_processes=2))
         2
     """
-    if not settings.step_scheduler_with_optimizer:
-        return 1
     if not settings.gradients.sync_gradients or settings.gradients.optimizer_step_skipped:
         return 0
-    return 1 if settings.split_batches else settings.num_processes
+    return settings.num_processes
