@@ -3,7 +3,7 @@
 Run from the repository root:
 
     python benchmarks/checkpoint.py [--size-gb 1.5] [--repeats 3] [--dir DIR] [--parts torch,jax]
-                                    [--hidden 2048] [--profile-passes 2]
+                                    [--hidden 2048] [--profile-passes 2] [--load-rounds 0]
 
 Each framework runs in its own subprocess (``--part torch`` / ``--part jax``) that prints one
 JSON line; the parent prints a markdown table, bytes on disk, throughput and a phase profile.
@@ -33,9 +33,23 @@ come back. Medians over ``--repeats``.
 
 Profile: after the timed rounds, ``--profile-passes`` more saves and loads of ours run phase by
 phase through the internals of ``unified.checkpoint.manager`` (snapshot, per-file
-``safetensors_io.write``, manifest + commit; read_manifest, per-file read / xxh3 / parse,
+``safetensors_io.write``, manifest + commit; read_manifest, per-file ``safetensors_io.read``,
 ``codec.decode``, ``set_state`` per object, RNG restore); the minimum of every phase is reported. The xxh3 share of the write is
 measured by hashing the same in-memory buffers.
+
+Load comparison (``--load-rounds N``, ``--resume-rounds N``; with ``--repeats 0
+--profile-passes 0`` only they run): ours
+saves once, then N interleaved rounds (rotated order) time three loads of the same checkpoint:
+the raw read limit (one ``readinto`` per file into warm memory of its size, nothing verified or
+restored), our ``load_state``, and our ``load_state`` with the reader it had before issue 11
+finding 4 (files mapped and hashed over the mapping; torch optimizer moments copied into the
+existing tensors), kept in this script only as that reference. Min, median, max and spread.
+``--resume-rounds`` times the same loads each in a fresh process that has just built its objects
+(torch: AdamW before its first step, so without moments), as a resuming script does, and on
+torch Accelerate's ``load_state`` too: the one load a run really does, where the memory the load
+fills is fresh for every contender but the raw limit (whose buffers are touched before the
+timing), and where no contender reuses memory another one just freed (in one process, the
+allocator hands memory freed by one contender's load to the next one's).
 """
 from __future__ import annotations
 
@@ -186,18 +200,8 @@ def _profile(accelerator: Any, directory: str, mutate: Callable[[], None], check
         info = manifest["files"][f"{name}.safetensors"]
         path = os.path.join(directory, f"{name}.safetensors")
 
-        def read_bytes() -> bytearray:
-            with open(path, "rb", buffering=0) as handle:
-                buffer = bytearray(info["size"])
-                view, got = memoryview(buffer), 0
-                while got < len(buffer):
-                    got += handle.readinto(view[got:])
-            return buffer
-
-        buffer = step("load: read file into bytearray", read_bytes)
-        ok = step("load: xxh3 of the file", lambda: xxhash.xxh3_64_hexdigest(memoryview(buffer)) == info["xxh3"])
-        assert ok, f"{path}: checksum mismatch in the profile"
-        arrays = step("load: parse (header, NumPy views)", lambda: safetensors_io.parse(buffer, path))
+        arrays = step("load: safetensors_io.read (private memory, hashed as read, parsed)",
+                      lambda: safetensors_io.read(path, info["size"], info["xxh3"]))
         convert = backend.from_numpy if not name.startswith("rng_") else (lambda a: a)
         decoded[name] = step(f"load: codec.decode {name}", lambda: codec.decode(structures[name], arrays, convert))
     for entry in manager.entries:
@@ -205,7 +209,7 @@ def _profile(accelerator: Any, directory: str, mutate: Callable[[], None], check
     step("load: RNG restore", lambda: manager._restore_rng(decoded[names[-1]], manifest))
     phases["load: total (sum of the above)"] = time.perf_counter() - t0
     check()
-    del decoded, buffer, arrays
+    del decoded, arrays
     mutate()
     phases["load: [info] accelerator.load_state end to end"] = _timed(lambda: accelerator.load_state(directory))
     check()
@@ -220,21 +224,197 @@ def _profiles(accelerator: Any, directory: str, mutate: Callable[[], None], chec
     return {phase: min(run[phase] for run in runs) for phase in runs[0]}
 
 
-# -- torch ------------------------------------------------------------------------------------------
-def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
-    import accelerate
-    import torch
+# -- load: ours against the raw read limit and the reader before issue 11 (finding 4) ----------------
+def _mapped_read(path: str, size: int, checksum: str) -> Dict[str, Any]:
+    """The reader before issue 11 finding 4, kept here only to measure what private reads cost:
+    map the file, hash the mapping, return read-only views of the file. Unsafe (a file changed
+    after verification changes what is restored; a truncated one is SIGBUS)."""
+    import mmap
 
-    import unified
+    import xxhash
+
+    from unified.checkpoint import safetensors_io
+
+    fd = safetensors_io._open_for_reading(path)
+    try:
+        assert os.fstat(fd).st_size == size
+        buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+    assert xxhash.xxh3_64_hexdigest(buffer) == checksum
+    return safetensors_io.parse(buffer, path)
+
+
+class _Patched:
+    """Replace attributes for the duration of a ``with`` block."""
+
+    def __init__(self, *changes: Any) -> None:
+        self.changes = changes  # (object, attribute name, value)
+
+    def __enter__(self) -> None:
+        self.saved = [(obj, name, getattr(obj, name)) for obj, name, _ in self.changes]
+        for obj, name, value in self.changes:
+            setattr(obj, name, value)
+
+    def __exit__(self, *exc: Any) -> None:
+        for obj, name, value in self.saved:
+            setattr(obj, name, value)
+
+
+def _raw_reader(directory: str) -> Callable[[], None]:
+    """The physical limit of a load: one ``readinto`` per file (64 MiB at a time) into warm
+    memory of its size (allocated and touched once, before the timings): the same bytes, no
+    checksum, no parsing, nothing restored."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
+    buffers = {n: bytearray(os.path.getsize(os.path.join(directory, n))) for n in names}
+
+    def read() -> None:
+        for name, buffer in buffers.items():
+            view, got = memoryview(buffer), 0
+            with open(os.path.join(directory, name), "rb", buffering=0) as handle:
+                while got < len(view):
+                    got += handle.readinto(view[got:got + (64 << 20)])
+
+    read()
+    return read
+
+
+def _compare_loads(accelerator: Any, directory: str, mutate: Callable[[], None], check: Callable[[], None],
+                   rounds: int, before: Callable[[], Any]) -> Dict[str, Any]:
+    """Interleaved rounds (rotated order) of: the raw read limit, ours, and ours with the reader
+    before issue 11 finding 4 (``before()`` is the context that patches it in). Every load but
+    the raw one is checked (a changed parameter and optimizer moment must come back)."""
+    import numpy as np
+
+    from unified.checkpoint import safetensors_io
+
+    accelerator.save_state(directory)
+    raw = _raw_reader(directory)
+
+    def ours() -> float:
+        mutate()
+        seconds = _timed(lambda: accelerator.load_state(directory))
+        check()
+        return seconds
+
+    def mapped() -> float:
+        with before(), _Patched((safetensors_io, "read", _mapped_read)):
+            return ours()
+
+    size = sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
+
+    def first_touch() -> float:
+        """What memory new to the process costs: the checkpoint's size of it, from the kernel,
+        written once per 4 KiB page (a load in a fresh process fills that much of it)."""
+        import mmap
+
+        start = time.perf_counter()
+        memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+        pages = np.frombuffer(memory, np.uint8)
+        pages[::4096] = 1
+        seconds = time.perf_counter() - start
+        del pages
+        memory.close()
+        return seconds
+
+    contenders = {"raw readinto (limit)": lambda: _timed(raw), "ours (private reads)": ours,
+                  "before: mapped files": mapped, "[info] first touch of fresh memory": first_touch}
+    for run in contenders.values():  # warm-up
+        run()
+    samples: Dict[str, List[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(contenders[name]())
+        _log(f"  load round {r}: " + ", ".join(f"{n} {samples[n][-1]:.3f}s" for n in names))
+    _clean(directory)
+    return {"samples": samples, "bytes": size}
+
+
+# -- torch ------------------------------------------------------------------------------------------
+def _torch_objects(args: argparse.Namespace, step: bool = True) -> Any:
+    """The torch model and AdamW optimizer of ``size_gb / 3`` GB of parameters, after one step
+    (its moments exist) or before any (as a resuming script builds them)."""
+    import torch
 
     torch.manual_seed(0)
     hidden = args.hidden
     layers = max(1, round(args.size_gb * GB / 3 / 4 / (hidden * hidden + hidden)))
     model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(4, hidden)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if step:
+        model(torch.randn(4, hidden)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model, optimizer, layers
+
+
+def _torch_before(ours: Any) -> "_Patched":
+    """The torch restore before issue 11 finding 4: optimizer moments copied into the optimizer's
+    existing tensors, other arrays copied, the model's copied by load_state_dict."""
+    import numpy as np
+    import torch
+
+    from backends.torch import core
+    from unified.tree import flatten
+
+    backend = ours._backend
+
+    def load_state_into(kind: str, obj: Any, state: Any) -> None:
+        if kind == "optimizer":
+            live = obj.state_dict().get("state", {})
+            for index, values in state.get("state", {}).items():
+                for key, value in list(values.items()):
+                    tensor = live.get(index, {}).get(key)
+                    if isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == value.shape and tensor.dim():
+                        tensor.copy_(core._tensor_from_numpy(value))
+                        values[key] = tensor
+        leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
+        tensors = [core._tensor_from_numpy(x if kind == "model" else np.array(x)) if isinstance(x, np.ndarray) else x
+                   for x in leaves]
+        (backend.unwrap_model(obj) if kind == "model" else obj).load_state_dict(rebuild(tensors))
+
+    return _Patched((backend, "load_state_into", load_state_into))
+
+
+def _resume(args: argparse.Namespace, ours: Any, before: Callable[[], Any], baseline: Any = None) -> Dict[str, float]:
+    """``--save-to``: save ours (and the ``baseline`` Accelerator's, beside it) and stop.
+    ``--resume-from``: one load in this fresh process, as a resuming script does it (objects just
+    built), by ``--resume-as``: the raw read limit, ours, ours with the reader before issue 11
+    finding 4, or the baseline."""
+    from unified.checkpoint import safetensors_io
+
+    if args.save_to:
+        ours.save_state(args.save_to)
+        if baseline is not None:
+            baseline.save_state(args.save_to + ".baseline")
+        return {}
+    if args.resume_as == "baseline":
+        return {"seconds": _timed(lambda: baseline.load_state(args.resume_from + ".baseline"))}
+    if args.resume_as == "raw readinto (limit)":
+        read = _raw_reader(args.resume_from)  # its buffers are allocated and touched here, untimed
+        return {"seconds": _timed(read)}
+    if args.resume_as == "ours (private reads)":
+        return {"seconds": _timed(lambda: ours.load_state(args.resume_from))}
+    with before(), _Patched((safetensors_io, "read", _mapped_read)):
+        return {"seconds": _timed(lambda: ours.load_state(args.resume_from))}
+
+
+def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
+    import accelerate
+    import torch
+
+    import unified
+
+    if args.save_to or args.resume_from:
+        model, optimizer, _ = _torch_objects(args, step=bool(args.save_to))
+        ours = unified.Accelerator(backend="torch")
+        ours.prepare(model, optimizer)
+        theirs = accelerate.Accelerator(cpu=True)
+        theirs.prepare(model, optimizer)
+        return _resume(args, ours, lambda: _torch_before(ours), theirs)
+    hidden = args.hidden
+    model, optimizer, layers = _torch_objects(args)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     state_bytes = param_bytes + sum(
         t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
@@ -271,9 +451,15 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     base = os.path.join(args.dir, "torch")
     os.makedirs(base, exist_ok=True)
-    result = _run_rounds({"ours": run_ours, "accelerate": run_accelerate, "ours_async": run_async}, base, args.repeats)
+    result = _run_rounds({"ours": run_ours, "accelerate": run_accelerate, "ours_async": run_async}, base, args.repeats) \
+        if args.repeats else {}
+    if args.load_rounds:
+        _log("  load comparison")
+        result["loads"] = _compare_loads(ours, os.path.join(base, "loads"), mutate, check, args.load_rounds,
+                                         lambda: _torch_before(ours))
     _log("  profile")
-    result["profile"] = _profiles(ours, os.path.join(base, "profile"), mutate, check, args.profile_passes)
+    result["profile"] = _profiles(ours, os.path.join(base, "profile"), mutate, check, args.profile_passes) \
+        if args.profile_passes else {}
     result.update(framework="torch", state_bytes=state_bytes, layers=layers, hidden=hidden,
                   versions={"torch": torch.__version__, "accelerate": accelerate.__version__})
     return result
@@ -293,6 +479,7 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     hidden = args.hidden
     layers = max(1, round(args.size_gb * GB / 3 / 4 / (hidden * hidden + hidden)))
+    resuming = bool(args.save_to or args.resume_from)
 
     class Stack(nnx.Module):
         def __init__(self, rngs: nnx.Rngs) -> None:
@@ -305,6 +492,10 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     model = Stack(nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+    if resuming:  # the JAX restore itself did not change: only the reader differs
+        ours = unified.Accelerator(backend="jax")
+        ours.prepare(model, optimizer)
+        return _resume(args, ours, _Patched)
     x = jnp.ones((4, hidden), jnp.float32)
     grads = nnx.grad(lambda m: jnp.mean(m(x) ** 2))(model)
     optimizer.update(model, grads)
@@ -375,9 +566,13 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     base = os.path.join(args.dir, "jax")
     os.makedirs(base, exist_ok=True)
     result = _run_rounds({"ours": run_ours, "orbax": run_orbax, "ours_async": run_async,
-                          "orbax_uncompressed": run_orbax_uncompressed}, base, args.repeats)
+                          "orbax_uncompressed": run_orbax_uncompressed}, base, args.repeats) if args.repeats else {}
+    if args.load_rounds:  # the JAX restore itself did not change: only the reader differs
+        _log("  load comparison")
+        result["loads"] = _compare_loads(ours, os.path.join(base, "loads"), mutate, check, args.load_rounds, _Patched)
     _log("  profile")
-    result["profile"] = _profiles(ours, os.path.join(base, "profile"), mutate, check, args.profile_passes)
+    result["profile"] = _profiles(ours, os.path.join(base, "profile"), mutate, check, args.profile_passes) \
+        if args.profile_passes else {}
     checkpointer.close()
     uncompressed.close()
     result.update(framework="jax", state_bytes=state_bytes, layers=layers, hidden=hidden,
@@ -390,11 +585,32 @@ def _speedup(ours: float, baseline: float) -> str:
     return f"{baseline / ours:.2f}x" if ours > 0 else "-"
 
 
+def _load_table(results: List[Dict[str, Any]], key: str) -> List[str]:
+    """A load comparison (`_compare_loads`: ``loads``; `_resume_rounds`: ``resume``): every
+    contender's min / median / max and spread, and its median against the raw read limit's."""
+    lines = ["| framework | load of | rounds | min (s) | median (s) | max (s) | spread (max/min) | median / limit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for res in results:
+        loads = res.get(key)
+        if not loads:
+            continue
+        limit = statistics.median(loads["samples"]["raw readinto (limit)"])
+        for name, values in loads["samples"].items():
+            med = statistics.median(values)
+            lines.append(f"| {res['framework']} ({loads['bytes'] / GB:.2f} GB) | {name} | {len(values)} | {min(values):.3f} | "
+                         f"{med:.3f} | {max(values):.3f} | {max(values) / min(values):.1f}x | {med / limit:.2f}x |")
+        lines.append(f"| | samples (s) | {json.dumps({n: [round(x, 3) for x in v] for n, v in loads['samples'].items()})} "
+                     "| | | | | |")
+    return lines if len(lines) > 2 else []
+
+
 def report(results: List[Dict[str, Any]]) -> str:
     lines = ["| framework | operation | ours (s) | baseline (s) | speed-up | target | met |",
              "|---|---|---:|---:|---:|---|---|"]
     extra = []
     for res in results:
+        if "median" not in res:  # --repeats 0
+            continue
         fw, med = res["framework"], res["median"]
         base_name = "accelerate" if fw == "torch" else "orbax"
         for op in ("save_state", "load_state"):
@@ -425,12 +641,49 @@ def report(results: List[Dict[str, Any]]) -> str:
                          f"{min(s['save_state']):.3f} | {min(s['load_state']):.3f} |")
         extra.append(f"samples (s): " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in s.items()}
                                                    for n, s in res["samples"].items()}))
-        extra.append(f"\n{fw}: profile of ours (phase by phase; minimum of each phase over the profile passes, seconds)")
-        extra.append("| phase | s |")
-        extra.append("|---|---:|")
-        for phase, seconds in res["profile"].items():
-            extra.append(f"| {phase} | {seconds:.3f} |")
-    return "\n".join(lines + extra)
+    for res in results:
+        if res.get("profile"):
+            extra.append(f"\n{res['framework']}: profile of ours (phase by phase; minimum of each phase over the profile "
+                         "passes, seconds)")
+            extra.append("| phase | s |")
+            extra.append("|---|---:|")
+            for phase, seconds in res["profile"].items():
+                extra.append(f"| {phase} | {seconds:.3f} |")
+    loads = _load_table(results, "loads")
+    if loads:
+        extra += ["\nload_state against the raw read limit and the reader before issue 11 finding 4, repeated in "
+                  "one process (interleaved rounds, rotated order)", *loads]
+    resumes = _load_table(results, "resume")
+    if resumes:
+        extra += ["\nthe same, each load in a fresh process that has just built its objects, as a resuming "
+                  "script does (interleaved rounds, rotated order)", *resumes]
+    return "\n".join((lines if len(lines) > 2 else []) + extra)
+
+
+def _run_part(cmd: List[str], part: str) -> Dict[str, Any]:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    found = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    if proc.returncode != 0 or not found:
+        sys.exit(f"{part} part failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    return json.loads(found[-1][len(MARKER):])
+
+
+def _resume_rounds(cmd: List[str], part: str, directory: str, rounds: int) -> Dict[str, Any]:
+    """Save once, then ``rounds`` rounds (rotated order) of one process per contender that builds
+    the objects and times one load (`_resume`)."""
+    _run_part(cmd + ["--save-to", directory], part)
+    names = ["raw readinto (limit)", "ours (private reads)", "before: mapped files"] + (["baseline"] if part == "torch" else [])
+    samples: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_run_part(cmd + ["--resume-from", directory, "--resume-as", name], part)["seconds"])
+        _log(f"  resume round {r}: " + ", ".join(f"{n} {samples[n][-1]:.3f}s" for n in names))
+    size = sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
+    _clean(directory)
+    _clean(directory + ".baseline")
+    if "baseline" in samples:
+        samples["accelerate (baseline)"] = samples.pop("baseline")
+    return {"samples": samples, "bytes": size}
 
 
 def main() -> None:
@@ -441,7 +694,14 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048, help="width of each Linear layer")
     parser.add_argument("--parts", default="torch,jax")
     parser.add_argument("--profile-passes", type=int, default=2, help="phase profile passes (minimum per phase)")
+    parser.add_argument("--load-rounds", type=int, default=0,
+                        help="rounds of the load comparison: ours, the raw read limit, the mapped reader before")
+    parser.add_argument("--resume-rounds", type=int, default=0,
+                        help="rounds of the same comparison, each load in a fresh process (a resume)")
     parser.add_argument("--part", choices=["torch", "jax"], help=argparse.SUPPRESS)
+    parser.add_argument("--save-to", help=argparse.SUPPRESS)
+    parser.add_argument("--resume-from", help=argparse.SUPPRESS)
+    parser.add_argument("--resume-as", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.part:
@@ -460,17 +720,18 @@ def main() -> None:
             _log(f"== {part} ==")
             cmd = [sys.executable, os.path.abspath(__file__), "--part", part, "--size-gb", str(args.size_gb),
                    "--repeats", str(args.repeats), "--dir", directory, "--hidden", str(args.hidden),
-                   "--profile-passes", str(args.profile_passes)]
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-            found = [l for l in proc.stdout.splitlines() if l.startswith(MARKER)]
-            if proc.returncode != 0 or not found:
-                sys.exit(f"{part} part failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
-            results.append(json.loads(found[-1][len(MARKER):]))
+                   "--profile-passes", str(args.profile_passes), "--load-rounds", str(args.load_rounds)]
+            results.append(_run_part(cmd, part))
+            if args.resume_rounds:
+                _log(f"  loads in fresh processes ({part})")
+                results[-1]["resume"] = _resume_rounds(cmd, part, os.path.join(directory, f"resume_{part}"),
+                                                       args.resume_rounds)
     finally:
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
     print(f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"--size-gb {args.size_gb} --repeats {args.repeats} --hidden {args.hidden}; "
+          f"--size-gb {args.size_gb} --repeats {args.repeats} --load-rounds {args.load_rounds} "
+          f"--resume-rounds {args.resume_rounds} --hidden {args.hidden}; "
           f"wall time {time.perf_counter() - started:.0f} s; 1-min load average at start {load_start:.2f}, "
           f"at end {os.getloadavg()[0]:.2f} (other processes on this machine disturb the timings)\n")
     print(report(results))

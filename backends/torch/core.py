@@ -224,7 +224,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
         value = np.asarray(value)
-        tensor = _tensor_from_numpy(value if value.flags.c_contiguous else value.copy(order="C"))
+        tensor = _tensor_from_numpy(value if value.flags.c_contiguous and value.flags.aligned else value.copy(order="C"))
         return tensor.to(like.device if like is not None else self._device)
 
     # -- RNG ----------------------------------------------------------------------------------------
@@ -350,16 +350,15 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
 
     def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
-        """``state`` holds read-only NumPy views of the checkpoint: a model's ``load_state_dict``
-        copies them into its parameters; every other object gets its own copies, because an
-        optimizer keeps the tensors it is given and updates them in place."""
+        """``state`` holds NumPy views of private memory that holds nothing else (see
+        `safetensors_io.read`): a model's ``load_state_dict`` copies them into its parameters;
+        every other object (an optimizer keeps the tensors it is given) takes them over as
+        tensors, without a copy (a copy only where an array is not aligned for its dtype)."""
         from unified.tree import flatten
 
-        if kind == "optimizer":
-            state = _into_existing_optimizer_state(obj, state)
-        view = kind == "model"
         leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
-        tensors = [_tensor_from_numpy(x if view else np.array(x)) if isinstance(x, np.ndarray) else x for x in leaves]
+        tensors = [_tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x
+                   for x in leaves]
         target = self.unwrap_model(obj) if kind == "model" else obj
         target.load_state_dict(rebuild(tensors))
 
@@ -381,25 +380,8 @@ class _DistributedModel(DDP):
             return super().forward(*args, **kwargs)
 
 
-def _into_existing_optimizer_state(optimizer: Any, state: Any) -> Any:
-    """Copy saved moments into the optimizer's existing tensors of the same shape and dtype (no
-    fresh allocation; ``load_state_dict`` then keeps those tensors), leaving the rest as is."""
-    live = optimizer.state_dict().get("state", {})
-    saved = state.get("state", {}) if isinstance(state, dict) else {}
-    for index, values in saved.items():
-        current = live.get(index, {})
-        for key, value in list(values.items()):
-            tensor = current.get(key)
-            if (isinstance(value, np.ndarray) and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
-                    and tuple(tensor.shape) == value.shape and _SAFETENSORS_DTYPES.get(tensor.dtype) is not None
-                    and tensor.dtype != torch.bfloat16 and tensor.numpy().dtype == value.dtype):
-                tensor.copy_(_tensor_from_numpy(value))
-                values[key] = tensor
-    return state
-
-
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A tensor sharing ``array``'s memory (read-only views of a checkpoint are only read)."""
+    """A tensor sharing ``array``'s memory."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         bits = _VIA_BITS.get(array.dtype.name)  # ml_dtypes types torch.from_numpy does not know

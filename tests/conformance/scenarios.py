@@ -483,8 +483,37 @@ def ckpt_sharded(state: dict) -> dict:
             refused[case] = None
         except unified.CheckpointError as err:
             refused[case] = str(err)
+    # Issue 11, finding 4: Orbax opens the sharded files after they were verified; one that changes
+    # meanwhile (here rewritten with its own bytes, which moves its change time) is refused on
+    # every process, with nothing restored.
+    from unified.checkpoint import manager as manager_module
+
+    real_verify = manager_module.CheckpointManager._verify_sharded_tree
+
+    def verify_then_rewrite(self, directory, manifest):
+        verified = real_verify(self, directory, manifest)
+        time.sleep(0.05)  # past the file system's clock tick
+        if fresh.is_main_process:
+            victim = sorted(verified)[-1]
+            with open(victim, "rb") as handle:
+                data = handle.read()
+            with open(victim, "r+b") as handle:
+                handle.write(data)
+        return verified
+
+    table.table = ShardedTable(fresh, 70.0).table
+    before = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
+    manager_module.CheckpointManager._verify_sharded_tree = verify_then_rewrite
+    try:
+        fresh.load_state(path)
+        changed = None
+    except unified.CheckpointError as err:
+        changed = str(err)
+    finally:
+        manager_module.CheckpointManager._verify_sharded_tree = real_verify
+    untouched = [np.asarray(s.data).tolist() for s in table.table.addressable_shards] == before
     return {"mine": mine, "sharding_kept": table.table.sharding == table.sharding,
-            "listing": sorted(os.listdir(path)), "refused": refused}
+            "listing": sorted(os.listdir(path)), "refused": refused, "changed": changed, "untouched": untouched}
 
 
 def _damage_sharded(pristine: str, root: str) -> None:

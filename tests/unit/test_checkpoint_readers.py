@@ -483,4 +483,4 @@ def test_arrays_of_every_size_still_round_trip(tmp_path):
     info = safetensors_io.write(str(tmp_path / "f.safetensors"), exported)
     back = safetensors_io.read(str(tmp_path / "f.safetensors"), info["size"], info["xxh3"])
     assert {k: v.tolist() for k, v in back.items()} == {k: v.tolist() for k, v in arrays.items()}
-    assert math.prod(back["a/2"].shape) == 5 and not back["a/2"].flags.writeable
+    assert math.prod(back["a/2"].shape) == 5 and back["a/2"].flags.writeable  # private memory (finding 4)

@@ -23,12 +23,12 @@ ROOTS = ("unified", "backends")
 
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
-# `_invalid_structure` (unified/checkpoint/codec.py) and `_not_safetensors`
-# (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
+# `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `_checksum_mismatch` and
+# `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
 # return CheckpointErrors that end with see(...); `_rows_error` (unified/metrics.py) returns a
 # ValueError ending with see("gather-for-metrics-rows").
 SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
-               "_commit_error", "_rows_error"}
+               "_commit_error", "_checksum_mismatch", "_ended", "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
@@ -69,7 +69,6 @@ UNLINKED: Dict[Tuple[str, str], str] = {
 # Anchors on the page that no see(...) in the code uses, with the reason.
 UNUSED_ANCHORS: Dict[str, str] = {
     "not-json-serializable": "raised by json.dumps inside gather_object, not by unified's code",
-    "file-ended": "no longer raised (files are mapped after a size check); kept so that old links resolve",
 }
 
 

@@ -126,12 +126,17 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
     written (wrong node types, containers nested deeper than `MAX_DEPTH`) raises `CheckpointError`.
     """
 
+    used = set()
+
     def array(node: Dict[str, Any]) -> Any:
         name = node["__array__"]
         if not isinstance(name, str):
             raise _invalid_structure(f"array name {_shown(name)}")
         if name not in arrays:
             raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds." + see("missing-array"))
+        if name in used:  # `encode` names each array once; restored objects never share memory
+            raise _invalid_structure(f"array {_shown(name)} is named twice")
+        used.add(name)
         return to_framework(arrays[name]) if node.get("kind") == "framework" and name not in ready else arrays[name]
 
     def key(node: Any, depth: int) -> Any:

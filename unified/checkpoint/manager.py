@@ -80,8 +80,8 @@ class Entry:
     name: str
     get_state: Callable[[], Any]
     set_state: Callable[[Any], None]
-    # True: the backend restores it from read-only NumPy views (it copies into the live object);
-    # False: a user object, which gets its own writable copies as framework arrays.
+    # True: the backend restores it from NumPy views of private memory (safetensors_io.read),
+    # copying them or taking them over; False: a user object, which gets them as framework arrays.
     managed: bool = True
     # True: the checkpoint must hold exactly this object's arrays (a model); otherwise it may hold
     # arrays the object does not have yet (an optimizer before its first step).
@@ -462,7 +462,7 @@ class CheckpointManager:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
         failure: Optional[BaseException] = None
         try:
-            manifest, states, rng = self._read(directory)
+            manifest, states, rng, sharded_files = self._read(directory)
         except (CheckpointError, OSError) as err:
             failure = err
         # Every process learns every failure, so each raises an error naming the bad file.
@@ -472,7 +472,7 @@ class CheckpointManager:
                                   + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
                                   + see("another-process-could-not-load"))
         if manifest.get("sharded"):
-            states = self._with_sharded(directory, manifest, states)
+            states = self._with_sharded(directory, manifest, states, sharded_files)
         for entry in self.entries:
             try:
                 entry.set_state(states[entry.name])
@@ -485,9 +485,14 @@ class CheckpointManager:
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
 
-    def _with_sharded(self, directory: str, manifest: Dict[str, Any], files: Dict[str, Any]) -> Dict[str, Any]:
+    def _with_sharded(self, directory: str, manifest: Dict[str, Any], files: Dict[str, Any],
+                      verified: Dict[str, Tuple[int, ...]]) -> Dict[str, Any]:
         """Decode every object from its verified ``files`` plus its sharded arrays, restored
-        through the backend (a collective) and placed like the arrays the objects hold now."""
+        through the backend (a collective) and placed like the arrays the objects hold now.
+
+        The backend's reader (Orbax) opens the sharded files itself, after they were verified:
+        when any of them changed meanwhile (``verified`` holds their identities), what it read may
+        not be what was verified, and nothing is restored, on any process."""
         current: Dict[str, Any] = {}
         for entry in self.entries:
             current.update(codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
@@ -497,16 +502,31 @@ class CheckpointManager:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects."
                                   + see("sharded-no-counterpart"))
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
-        restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()})
+        try:
+            restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir),
+                                                  {k: current[n] for k, n in names.items()})
+        except Exception:
+            self._refuse_changed(verified)  # the likelier cause of its error
+            raise
+        failure: Optional[BaseException] = None
+        try:
+            self._refuse_changed(verified)
+        except CheckpointError as err:
+            failure = err
+        failed = self.collectives.share_failure(failure, "load_state (sharded files unchanged)")
+        if failed:
+            raise CheckpointError(f"{directory}: cannot be loaded; "
+                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
+                                  + see("another-process-could-not-load"))
         by_name = {names[k]: v for k, v in restored.items()}
         return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
                 for entry in self.entries}
 
     def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
-        """An entry's state from its arrays: views for managed objects, writable copies otherwise;
-        ``restored`` arrays (sharded, already placed by the backend) are used as they are."""
-        if not entry.managed:
-            arrays = {k: np.array(v) for k, v in arrays.items()}
+        """An entry's state from its arrays: NumPy views for managed objects, framework arrays
+        over the same private memory otherwise (each array's memory is its own: `codec.decode`
+        refuses a structure naming one array twice); ``restored`` arrays (sharded, already placed
+        by the backend) are used as they are."""
         convert = (lambda a: a) if entry.managed else self.backend.from_numpy
         restored = restored or {}
         return codec.decode(structure, {**arrays, **restored}, convert, ready=restored.keys())
@@ -518,7 +538,14 @@ class CheckpointManager:
                                   + see("lists-no-file"))
         return safetensors_io.read(check_file_name(directory, name), info["size"], info["xxh3"])
 
-    def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any]]:
+    @staticmethod
+    def _refuse_changed(verified: Dict[str, Tuple[int, ...]]) -> None:
+        changed = [path for path, identity in verified.items() if safetensors_io.changed_since(path, identity)]
+        if changed:
+            raise CheckpointError(f"{changed[0]}: changed after it was verified, while the sharded reader read it; "
+                                  "nothing was restored. Check that nothing writes into the checkpoint." + see("file-ended"))
+
+    def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any], Dict[str, Tuple[int, ...]]]:
         manifest = read_manifest(directory)
         where = os.path.join(directory, "manifest.json")
         if manifest.get("backend") != self.backend.name:
@@ -543,8 +570,7 @@ class CheckpointManager:
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
             self._check_fits(entry, arrays, set(sharded.values()), os.path.join(directory, f"{entry.name}.safetensors"))
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
-        if sharded:
-            self._verify_sharded_tree(directory, manifest)
+        sharded_files = self._verify_sharded_tree(directory, manifest) if sharded else {}
         rank = self.backend.process_index
         rng = None
         if manifest.get("num_processes") == self.backend.num_processes:
@@ -554,12 +580,13 @@ class CheckpointManager:
                                       + see("no-rng-state"))
             rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
             self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
-        return manifest, states, rng
+        return manifest, states, rng, sharded_files
 
-    def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> None:
+    def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
         """The sharded arrays' reader (Orbax) opens whatever its folder holds: every entry there
         must be a plain file or folder (no link, FIFO or device) that the manifest lists and whose
-        size and checksum match; a manifest naming sharded arrays must list their files."""
+        size and checksum match; a manifest naming sharded arrays must list their files. Returns
+        each file's identity as verified (see `_with_sharded`)."""
         where = os.path.join(directory, "manifest.json")
         if self.sharding is None:
             raise CheckpointError(f"{where}: holds arrays sharded across processes, which the {self.backend.name!r} "
@@ -581,8 +608,8 @@ class CheckpointManager:
                     what = "not a regular file" if not stat.S_ISREG(mode) else "not listed in the manifest"
                     raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it."
                                           + see("sharded-files-unlisted"))
-        for name, info in listed.items():
-            verify_file(check_file_name(directory, name), info["size"], info["xxh3"])
+        return {path: safetensors_io.verify_for_reader(path, info["size"], info["xxh3"])
+                for path, info in ((check_file_name(directory, name), info) for name, info in listed.items())}
 
     def _check_fits(self, entry: Entry, saved: Dict[str, np.ndarray], sharded: Any, where: str) -> None:
         """Before anything is restored: every array of a prepared object is in the file with the

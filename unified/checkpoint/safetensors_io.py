@@ -2,15 +2,15 @@
 
 The files are standard safetensors (readable by ``safetensors.safe_open``). Writing streams
 each array's own buffer to the file and feeds the same buffer to xxh3, so the checksum costs
-no extra pass; reading loads the bytes once, checks size and checksum, then makes zero-copy
-NumPy views into them.
+no extra pass; reading copies the bytes once, into private memory of each array, hashing each
+chunk as it arrives. No checkpoint file is ever mapped.
 """
 from __future__ import annotations
 
+import array as stdarray
 import concurrent.futures
 import json
 import math
-import mmap
 import os
 import queue
 import re
@@ -35,6 +35,10 @@ _BY_NUMPY = {v: k for k, v in _DTYPES.items()}
 # safetensors dtype name -> NumPy dtype name: backends derive their own tables from it
 DTYPE_NAMES: Mapping[str, str] = dict(_DTYPES)
 _CHUNK = 64 << 20
+_READ_CHUNK = 16 << 20  # reading: each chunk is hashed right after it was read, while cache-warm
+_READERS = max(1, min(4, os.cpu_count() or 1))  # threads reading one file's chunks
+_MAX_IOV = 512  # buffers per preadv (IOV_MAX is 1024 on Linux)
+_ALIGN = 64  # where the writer puts the data section and the arrays of whole multiples of it
 _PARALLEL_FROM = 256 << 20  # bytes of data from which writing is split over threads
 _LIVE_CHUNK = 8 << 20  # bounce buffers of a write from memory that may change meanwhile...
 _LIVE_BUFFERS = 4      # ...and how many of them at most (32 MiB)
@@ -84,19 +88,25 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     """
     header: Dict[str, object] = {}
     offset = 0
-    for name, (dtype, shape, raw) in arrays.items():
+    # Arrays whose size is a multiple of _ALIGN first, then the others by decreasing item size,
+    # from a data section that starts at a multiple of _ALIGN: a reader's arrays are then
+    # aligned, so that a JAX array can take over their memory without a copy (it needs 64 bytes)
+    # and every array's items are naturally aligned.
+    ordered = sorted(arrays.items(),
+                     key=lambda item: (item[1][2].nbytes % _ALIGN != 0, -numpy_dtype(item[1][0]).itemsize))
+    for name, (dtype, shape, raw) in ordered:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + raw.nbytes]}
         offset += raw.nbytes
     if metadata:
         header["__metadata__"] = dict(metadata)
     blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the spec's 8-byte alignment of the data section
+    blob += b" " * (-(8 + len(blob)) % _ALIGN)  # padding the spec allows (it asks for 8)
     digest = xxhash.xxh3_64()
     prefix = struct.pack("<Q", len(blob)) + blob
     digest.update(prefix)
     chunk_size = _LIVE_CHUNK if live else _CHUNK
     chunks, position = [], len(prefix)
-    for _, _, raw in arrays.values():
+    for _, (_, _, raw) in ordered:
         view = memoryview(raw)
         for start in range(0, len(view), chunk_size):
             chunks.append((position + start, view[start:start + chunk_size]))
@@ -163,12 +173,16 @@ def _open_for_reading(path: str) -> int:
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
-    """Map and verify one file; returns read-only NumPy arrays viewing the mapping.
+    """Read and verify one file; returns writable NumPy arrays, each in private memory of its own.
 
-    The page cache is mapped rather than copied into a fresh buffer: the only copy of the data
-    is the one into the objects being restored. Raises `CheckpointError` naming the file when
-    it is missing, not a regular file (a link, FIFO, device...), of another size, fails its
-    checksum, or is not well-formed.
+    One pass over the bytes: the header is read and checked first, then every array gets fresh
+    memory of this process (`_private_array`) and the data is read straight into it, each chunk
+    hashed right after it was read, while it is still in the CPU's cache. The arrays hold nothing
+    but their own bytes, so the objects may keep them without a copy, what they get is exactly
+    what was verified, and a file that changes afterwards (or meanwhile: a short read, another
+    checksum) changes nothing they hold. No checkpoint file is ever mapped. Raises
+    `CheckpointError` naming the file when it is missing, not a regular file (a link, FIFO,
+    device...), of another size, ends while it is read, fails its checksum, or is not well-formed.
     """
     fd = _open_for_reading(path)
     try:
@@ -178,20 +192,167 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
                                   + see("size-mismatch"))
         if size == 0:
             raise CheckpointError(f"{path}: empty file." + see("empty-file"))
+        digest = xxhash.xxh3_64()
         try:
-            buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as err:  # e.g. truncated since fstat
-            raise CheckpointError(f"{path}: cannot open checkpoint file ({err})." + see("cannot-open-file")) from err
+            length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
+            header = _read_exact(fd, 8, length, path, size, digest)
+            arrays, spans = _allocate(header, size - 8 - length, path)
+        except CheckpointError as err:  # a damaged file is a checksum mismatch rather than a bad header
+            if "file ended" not in str(err) and _whole_file_checksum(fd, size) != checksum:
+                raise _checksum_mismatch(path) from err
+            raise
+        _read_into(fd, 8 + length, spans, digest, path, size)
     finally:
         os.close(fd)
-    if xxhash.xxh3_64_hexdigest(buffer) != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
-    return parse(buffer, path)
+    if digest.hexdigest() != checksum:
+        raise _checksum_mismatch(path)
+    return arrays
+
+
+def _checksum_mismatch(path: str) -> CheckpointError:
+    return CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
+
+
+def _ended(fd: int, path: str, size: int) -> CheckpointError:
+    return CheckpointError(f"{path}: file ended after {os.fstat(fd).st_size} of {size} bytes (it shrank while it was "
+                           "read); nothing was restored." + see("file-ended"))
+
+
+def _read_exact(fd: int, offset: int, count: int, path: str, size: int, digest: Any) -> bytes:
+    data = b""
+    while len(data) < count:
+        more = os.pread(fd, count - len(data), offset + len(data))
+        if not more:
+            raise _ended(fd, path, size)
+        data += more
+    digest.update(data)
+    return data
+
+
+def _whole_file_checksum(fd: int, size: int) -> str:
+    digest, at = xxhash.xxh3_64(), 0
+    while at < size:
+        chunk = os.pread(fd, min(_READ_CHUNK, size - at), at)
+        if not chunk:
+            break
+        digest.update(chunk)
+        at += len(chunk)
+    return digest.hexdigest()
+
+
+def _private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+    """Fresh writable memory for one array, its first byte at a multiple of _ALIGN (XLA uses
+    memory it did not allocate only then). From the process's heap, which reuses memory freed
+    by the state this load replaces: on some machines (VMs above all) the first touch of memory
+    new to the process costs several times the copy into it (docs/benchmarks/checkpoint.md)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _allocate(header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.ndarray], List[Tuple[int, np.ndarray]]]:
+    """Empty private arrays for the header's entries, and ``(offset in the data section, array)``
+    in file order. At most ``data_size`` bytes are ever allocated, whatever the header says."""
+    arrays: Dict[str, np.ndarray] = {}
+    starts, ends = stdarray.array("q"), stdarray.array("q")
+    total = 0
+    try:
+        for key, dtype, shape, start, end in _entries(header, data_size, path):
+            if key in arrays:
+                raise _not_safetensors(path, f"entry {_shown(key)} appears twice")
+            total += end - start
+            if total > data_size:
+                raise _not_safetensors(path, f"its arrays overlap or leave bytes of the {data_size}-byte data section unused")
+            arrays[key] = _private_array(dtype, shape)
+            starts.append(start)
+            ends.append(end)
+    except CheckpointError:
+        raise
+    except ValueError as err:  # malformed strings or numbers, which the shape checks let through
+        raise _not_safetensors(path, str(err)) from err
+    _check_tiling(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64), data_size, path)
+    spans = sorted(zip(starts, arrays.values()), key=lambda span: span[0])
+    return arrays, spans
+
+
+def _read_into(fd: int, data_start: int, spans: Sequence[Tuple[int, np.ndarray]], digest: Any, path: str,
+               size: int) -> None:
+    """Read the data section into the arrays (``spans``: data offset and array, in file order),
+    in batches of at most _READ_CHUNK bytes read by up to _READERS threads (``preadv`` and
+    xxhash release the GIL) and hashed in order by this one as they arrive."""
+    batches: List[Tuple[int, List[memoryview]]] = []
+    pending: List[memoryview] = []
+    batch_at = filled = 0
+    for offset, array in spans:
+        view = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else None
+        for at in range(0, array.nbytes, _READ_CHUNK):
+            part = view[at:at + _READ_CHUNK]
+            if not pending:
+                batch_at = data_start + offset + at
+            pending.append(part)
+            filled += len(part)
+            if filled >= _READ_CHUNK or len(pending) >= _MAX_IOV:
+                batches.append((batch_at, pending))
+                pending, filled = [], 0
+    if pending:
+        batches.append((batch_at, pending))
+
+    def fill(batch: Tuple[int, List[memoryview]]) -> List[memoryview]:
+        at, buffers = batch
+        todo, first = list(buffers), 0
+        while first < len(todo):  # one call, unless the kernel returns less
+            got = os.preadv(fd, todo[first:], at)
+            if got == 0:
+                raise _ended(fd, path, size)
+            at += got
+            while first < len(todo) and got >= len(todo[first]):
+                got -= len(todo[first])
+                first += 1
+            if got:
+                todo[first] = todo[first][got:]
+        return buffers
+
+    if len(batches) <= 1 or _READERS < 2:
+        for batch in batches:
+            for buffer in fill(batch):
+                digest.update(buffer)
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(_READERS, thread_name_prefix="unified-read")
+    try:
+        for future in [pool.submit(fill, batch) for batch in batches]:
+            for buffer in future.result():
+                digest.update(buffer)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def verify_file(path: str, size, checksum) -> Dict[str, object]:
     """Hash one regular file in chunks (never a link, FIFO or device); compare with
     ``size``/``checksum`` when given (raising `CheckpointError`), and return its ``{"size", "xxh3"}``."""
+    return _hash_file(path, size, checksum)[0]
+
+
+def verify_for_reader(path: str, size: int, checksum: str) -> Tuple[int, ...]:
+    """`verify_file` for a file that another reader (Orbax) opens afterwards; returns the file's
+    identity right after it was hashed, for `changed_since`."""
+    return _hash_file(path, size, checksum)[1]
+
+
+def changed_since(path: str, identity: Tuple[int, ...]) -> bool:
+    """Whether ``path`` may have changed since `verify_for_reader` returned ``identity``: replaced,
+    resized, written or touched (each moves its change time), or gone."""
+    try:
+        return _identity(os.lstat(path)) != identity
+    except OSError:
+        return True
+
+
+def _identity(st: os.stat_result) -> Tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int, ...]]:
     fd = _open_for_reading(path)
     digest, total = xxhash.xxh3_64(), 0
     with os.fdopen(fd, "rb", buffering=0) as handle:
@@ -202,9 +363,10 @@ def verify_file(path: str, size, checksum) -> Dict[str, object]:
         for chunk in iter(lambda: handle.read(_CHUNK), b""):
             digest.update(chunk)
             total += len(chunk)
+        identity = _identity(os.fstat(handle.fileno()))
     if checksum is not None and digest.hexdigest() != checksum:
         raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
-    return {"size": total, "xxh3": digest.hexdigest()}
+    return {"size": total, "xxh3": digest.hexdigest()}, identity
 
 
 # -- parsing a header that may be hostile ----------------------------------------------------------
@@ -271,8 +433,9 @@ def _shown(key: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _array(key: str, entry: str, buffer: Any, data_start: int, name: str) -> np.ndarray:
-    """The read-only view of ``buffer`` that header entry ``entry`` describes, once checked."""
+def _entry(key: str, entry: str, data_size: int, name: str) -> Tuple[np.dtype, List[int], int, int]:
+    """``(dtype, shape, start, end)`` of header entry ``entry``, once checked against a data
+    section of ``data_size`` bytes."""
     if entry.count(",") > MAX_RANK + 2:  # two between the fields, one in data_offsets
         raise _not_safetensors(name, f"array {_shown(key)} has more than {MAX_RANK} dimensions")
     info = json.loads(entry)
@@ -282,46 +445,73 @@ def _array(key: str, entry: str, buffer: Any, data_start: int, name: str) -> np.
         raise _not_safetensors(name, f"array {_shown(key)} has the unknown dtype {info['dtype']!r}")
     dtype = numpy_dtype(info["dtype"])
     shape, offsets = info["shape"], info["data_offsets"]
-    if len(offsets) != 2 or not all(0 <= d < 1 << 63 for d in shape):
-        raise _not_safetensors(name, f"array {_shown(key)} needs dimensions in [0, 2**63) and two data offsets")
+    if len(offsets) != 2 or not all(0 <= d < 1 << 63 for d in shape) or len(shape) > MAX_RANK:
+        raise _not_safetensors(name, f"array {_shown(key)} needs at most {MAX_RANK} dimensions in [0, 2**63) and "
+                                     "two data offsets")
     start, end = offsets
-    count = math.prod(shape)
-    if not 0 <= start <= end <= len(buffer) - data_start or end - start != count * dtype.itemsize:
+    if not 0 <= start <= end <= data_size or end - start != math.prod(shape) * dtype.itemsize:
         raise _not_safetensors(name, f"array {_shown(key)} has inconsistent offsets/shape")
-    try:
-        return np.frombuffer(buffer, dtype=dtype, count=count, offset=data_start + start).reshape(shape)
-    except ValueError as err:  # more dimensions than NumPy supports
-        raise _not_safetensors(name, f"array {_shown(key)}: {err}") from err
+    return dtype, shape, start, end
 
 
-def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
-    """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation:
-    anything else than a well-formed header of at most `MAX_HEADER_BYTES` raises
-    `CheckpointError` naming ``name``."""
-    if len(buffer) < 8:
-        raise _not_safetensors(name, f"{len(buffer)} bytes, fewer than the 8 of the header length")
-    (length,) = struct.unpack_from("<Q", buffer, 0)
+def _header_length(prefix: bytes, most: int, name: str) -> int:
+    """The header length that the file's first 8 bytes state, if the file can hold it."""
+    if len(prefix) < 8:
+        raise _not_safetensors(name, f"{len(prefix)} bytes, fewer than the 8 of the header length")
+    (length,) = struct.unpack_from("<Q", prefix, 0)
     if length > MAX_HEADER_BYTES:
         raise CheckpointError(f"{name}: the safetensors header is {length} bytes; unified reads headers of at most "
                               f"{MAX_HEADER_BYTES} bytes. The file is damaged or hostile: load another checkpoint."
                               + see("header-too-large"))
-    if length > len(buffer) - 8:
-        raise _not_safetensors(name, f"header of {length} bytes in a file of {len(buffer)}")
-    header = bytes(buffer[8:8 + length])
+    if length > most:
+        raise _not_safetensors(name, f"header of {length} bytes in a file of {most + 8}")
+    return length
+
+
+def _entries(header: bytes, data_size: int, name: str) -> Iterator[Tuple[str, np.dtype, List[int], int, int]]:
+    """``(name, dtype, shape, start, end)`` of each array of ``header``, checked one by one (the
+    caller refuses names seen twice and checks that the arrays tile the data section)."""
     if not header.isascii():
         raise _not_safetensors(name, "the header is not ASCII JSON; unified writes names with \\u escapes")
-    arrays: Dict[str, np.ndarray] = {}
     has_metadata = False
-    try:
-        for key, entry in _header_entries(header.decode("ascii"), name):
-            if key in arrays or (key == "__metadata__" and has_metadata):
+    for key, entry in _header_entries(header.decode("ascii"), name):
+        if key == "__metadata__":
+            if has_metadata:
                 raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
-            if key == "__metadata__":
-                has_metadata = True
-            else:
-                arrays[key] = _array(key, entry, buffer, 8 + length, name)
+            has_metadata = True
+        else:
+            yield (key, *_entry(key, entry, data_size, name))
+
+
+def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
+    """Zero-copy NumPy views of the arrays in a safetensors buffer, with strict validation:
+    anything else than a well-formed header of at most `MAX_HEADER_BYTES` whose arrays tile the
+    data section raises `CheckpointError` naming ``name``."""
+    length = _header_length(bytes(buffer[:8]), len(buffer) - 8, name)
+    data_start, data_size = 8 + length, len(buffer) - 8 - length
+    arrays: Dict[str, np.ndarray] = {}
+    starts, ends = stdarray.array("q"), stdarray.array("q")
+    try:
+        for key, dtype, shape, start, end in _entries(bytes(buffer[8:data_start]), data_size, name):
+            if key in arrays:
+                raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
+            arrays[key] = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=data_start + start).reshape(shape)
+            starts.append(start)
+            ends.append(end)
     except CheckpointError:
         raise
     except ValueError as err:  # malformed strings or numbers, which the shape checks let through
         raise _not_safetensors(name, str(err)) from err
+    _check_tiling(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64), data_size, name)
     return arrays
+
+
+def _check_tiling(starts: np.ndarray, ends: np.ndarray, size: int, name: str) -> None:
+    """The arrays cover the data section exactly, as the format requires: no byte of it unused
+    and none in two arrays (restored objects keep their arrays' memory, so none may share it)."""
+    order = np.lexsort((ends, starts))
+    starts, ends = starts[order], ends[order]
+    tiled = size == 0 if not len(starts) else \
+        starts[0] == 0 and ends[-1] == size and np.array_equal(starts[1:], ends[:-1])
+    if not tiled:
+        raise _not_safetensors(name, f"its arrays overlap or leave bytes of the {size}-byte data section unused")
