@@ -360,6 +360,8 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         tensors = [_tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x
                    for x in leaves]
         target = self.unwrap_model(obj) if kind == "model" else obj
+        if kind == "model" and _take_over(target, rebuild(tensors)):
+            return
         target.load_state_dict(rebuild(tensors))
 
 
@@ -378,6 +380,35 @@ class _DistributedModel(DDP):
             return super().forward(*args, **kwargs)
         with backend.peer_errors("the model's forward (DDP's buffer broadcast)"):
             return super().forward(*args, **kwargs)
+
+
+# `_load_from_state_dict`s that only copy (BatchNorm's also fills in a missing
+# num_batches_tracked of old checkpoints, which an exact key match rules out)
+_PLAIN_LOADS = {torch.nn.Module._load_from_state_dict, torch.nn.modules.batchnorm._NormBase._load_from_state_dict}
+
+
+def _take_over(module: torch.nn.Module, state: Mapping[str, Any]) -> bool:
+    """Give each parameter and buffer of ``module`` the verified tensor of ``state`` as its
+    storage (``.data``), instead of copying it in: the Parameter objects (which optimizers and
+    DDP hold) stay the same. Only for plain modules whose state ``state`` matches key for key,
+    with CPU tensors of the same dtype and shape that are not views; otherwise returns False and
+    nothing changed, and ``load_state_dict`` copies as usual."""
+    if any(m._load_state_dict_pre_hooks or m._load_state_dict_post_hooks
+           or type(m)._load_from_state_dict not in _PLAIN_LOADS for m in module.modules()):
+        return False
+    live = module.state_dict(keep_vars=True)
+    if live.keys() != state.keys():
+        return False
+    for key, current in live.items():
+        new = state[key]
+        if not (isinstance(current, torch.Tensor) and isinstance(new, torch.Tensor) and current.device.type == "cpu"
+                and current.dtype == new.dtype and current.shape == new.shape and current._base is None
+                and current.layout == torch.strided and current.is_contiguous() and new.is_contiguous()):
+            return False
+    with torch.no_grad():
+        for key, current in live.items():
+            current.data = state[key]
+    return True
 
 
 def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
