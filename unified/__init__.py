@@ -13,6 +13,7 @@ from .backend import Backend
 from .registry import available_backends
 from .config import DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
+from .sharding import FullyShardedDataParallelPlugin
 from .logging import get_logger, tqdm
 from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
                      UnifiedError)
@@ -29,6 +30,7 @@ __all__ = [
     "DataLoader",
     "DistributedError",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "MissingCapability",
     "ProjectConfiguration",
     "UnifiedError",

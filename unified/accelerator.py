@@ -6,7 +6,7 @@ import functools
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
-from .backend import Autograd, Backend, DeviceMesh, KeyStream, TrainingLoop, TrainingObjects, WriteGuards, require
+from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
 from .config import DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
@@ -17,6 +17,7 @@ from .errors import CheckpointError, RegistrationError, see
 from .metrics import Metrics
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
+from .sharding import FullyShardedDataParallelPlugin
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .tracking import TrackerSet
 from .watchdog import Watchdog
@@ -47,6 +48,8 @@ class Accelerator:
         log_with: experiment trackers (Accelerate's): ``"tensorboard"``, ``"mlflow"``, ``"wandb"``,
             ``"all"`` (every installed one), `unified.tracking.GeneralTracker` instances, or a list;
             see `init_trackers`.
+        fsdp_plugin: a `unified.FullyShardedDataParallelPlugin`: ``prepare`` shards models and
+            optimizer state over every process instead of replicating them (docs/sharding.md).
 
     Example:
         >>> from unified import Accelerator
@@ -65,6 +68,7 @@ class Accelerator:
         mixed_precision: Optional[str] = None,
         gradient_accumulation_steps: int = 1,
         log_with: Any = None,
+        fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
         **accelerate_kwargs: Any,
     ) -> None:
         _reject_unknown(accelerate_kwargs)
@@ -76,6 +80,7 @@ class Accelerator:
         else:
             self._backend = create_backend(resolve_backend_name(backend))
         self._loop = _loop_backend(self._backend, self.mixed_precision, self.gradient_state.num_steps)
+        self.fsdp_plugin = _sharding_backend(self._backend, fsdp_plugin)
         self._backend.start(float(timeout))
         self._collectives = Collectives(self._backend, timeout)
         self._watchdog = self._start_watchdog(float(timeout))
@@ -716,6 +721,19 @@ class Accelerator:
         )
 
 
+def _sharding_backend(backend: Backend, plugin: Optional[FullyShardedDataParallelPlugin]
+                      ) -> Optional[FullyShardedDataParallelPlugin]:
+    """Hand ``plugin`` to the backend before anything is prepared; a clear error for a backend
+    that cannot shard or for something that is not a plugin."""
+    if plugin is None:
+        return None
+    if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise TypeError(f"fsdp_plugin must be a unified.FullyShardedDataParallelPlugin, not {type(plugin).__name__}."
+                        + see("fsdp-plugin"))
+    require(backend, ShardedTraining, "Accelerator(fsdp_plugin=...)").configure_sharding(plugin)
+    return plugin
+
+
 def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[TrainingLoop]:
     """The backend's `TrainingLoop`, or None when the run asks nothing of one; a clear error when
     it asks what the backend cannot do."""
@@ -769,7 +787,7 @@ def _reject_unknown(kwargs: dict) -> None:
         if name not in _NEUTRAL_ACCELERATE_KWARGS:
             raise TypeError(
                 f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
-                f"gradient_accumulation_steps, log_with, project_dir, project_config, seed, timeout, and Accelerate's "
+                f"gradient_accumulation_steps, log_with, fsdp_plugin, project_dir, project_config, seed, timeout, and Accelerate's "
                 f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
             )
         if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:

@@ -275,6 +275,19 @@ class ForeignLoaders(abc.ABC):
         """The prepared form of ``loader``, or ``None`` when it is not a loader this adapts."""
 
 
+class ShardedTraining(abc.ABC):
+    """Models and optimizer state sharded over every process (FSDP2 on torch, sharded NNX on JAX).
+
+    `configure_sharding` is called once, before any ``prepare``, with the run's
+    `unified.sharding.FullyShardedDataParallelPlugin`; from then on the backend's ``prepare`` of a
+    model shards it instead of replicating it, and its sharded arrays are saved by every process
+    through `ShardedArrays`.
+    """
+
+    @abc.abstractmethod
+    def configure_sharding(self, plugin: Any) -> None: ...
+
+
 class TrainingLoop(abc.ABC):
     """Mixed precision, gradient accumulation and clipping for the objects the backend prepares.
 
@@ -323,7 +336,7 @@ class TrainingLoop(abc.ABC):
 
 
 CAPABILITIES = (TrainingObjects, Autograd, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays,
-                WriteGuards, ForeignLoaders, TrainingLoop)
+                WriteGuards, ForeignLoaders, TrainingLoop, ShardedTraining)
 
 
 def capabilities_of(backend: Backend) -> List[str]:
