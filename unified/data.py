@@ -28,6 +28,7 @@ import numpy as np
 
 from .backend import Backend, ForeignLoaders
 from .errors import see
+from .prefetch import prefetched
 
 __all__ = ["DataLoader", "PreparedDataLoader", "PreparedIterableLoader", "SampledLoader", "BatchSampledLoader",
            "BatchLayout", "OrderSource", "skip_first_batches", "prepare_loader", "default_collate"]
@@ -48,6 +49,11 @@ class DataLoader:
     returns NumPy arrays (or dicts/tuples of them). ``batch_size`` is per process.
 
     Unprepared it yields every batch on one process; `Accelerator.prepare` shards it.
+    ``prefetch=N`` (map-style datasets) collates and places the next ``N`` batches on the devices
+    in a background thread while the current step runs; a checkpoint still resumes at the first
+    batch the loop has not received. The dataset's ``__getitem__`` and ``collate_fn`` then run in
+    that thread: draw random augmentations from a generator seeded per sample, not from the
+    global ``random``/``np.random`` streams, or resumes are no longer exact (docs/data.md).
 
     Example:
         >>> loader = unified.DataLoader(dataset, batch_size=32, shuffle=True, seed=0)
@@ -57,9 +63,17 @@ class DataLoader:
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False, seed: Optional[int] = None,
-                 drop_last: bool = False, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
+                 drop_last: bool = False, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
+                 prefetch: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}." + see("invalid-batch-size"))
+        if not isinstance(prefetch, int) or prefetch < 0:
+            raise ValueError(f"Invalid prefetch: expected an integer >= 0 (batches placed ahead); received {prefetch!r}."
+                             + see("invalid-prefetch"))
+        if prefetch and _is_iterable_dataset(dataset):
+            raise ValueError("prefetch works with map-style datasets (__len__ and __getitem__) only; an iterable "
+                             "stream's position would move ahead of the training loop. Use prefetch=0." + see("invalid-prefetch"))
+        self.prefetch = prefetch
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
@@ -171,6 +185,8 @@ class PreparedDataLoader:
         # Told when an iteration starts and ends (set by the Accelerator that prepared this loader).
         self.activity: Optional[Any] = None
         self._layout: Optional[BatchLayout] = None
+        # global batches collated and placed ahead in a background thread (unified.DataLoader(prefetch=...))
+        self.prefetch = int(getattr(source, "prefetch", 0) or 0)
 
     # -- the order --------------------------------------------------------------------------------
     @property
@@ -226,13 +242,15 @@ class PreparedDataLoader:
         if roll_over and self.position >= len(self):  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
-        with _in_use(self):
-            for batch in self._batches(self._index_lists(order, self.position), self.epoch):  # skipped: never loaded
+        first = self.position
+        placed = (self._place(batch) for batch in self._batches(self._index_lists(order, first), self.epoch))
+        with _in_use(self):  # skipped batches are never loaded; prefetched ones are not consumed yet
+            for batch in prefetched(placed, self.prefetch):
                 self._layout = self._layout_of(order, self.position)
                 self.position += 1  # a checkpoint taken while this batch is in use resumes after it
                 if self.on_batch is not None:
                     self.on_batch(self.position >= len(self))
-                yield self._place(batch)
+                yield batch
         self.epoch, self.position = self.epoch + 1, 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -349,9 +349,10 @@ def _rows(batch) -> list:
     return np.asarray(x).ravel().tolist()
 
 
-def _loader(acc, n=10, batch_size=2, seed=5):
+def _loader(acc, n=10, batch_size=2, seed=5, prefetch=0):
     dataset = CountingDataset(n)
-    return dataset, acc.prepare(unified.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=seed))
+    return dataset, acc.prepare(unified.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=seed,
+                                                   prefetch=prefetch))
 
 
 def data_epochs(state: dict) -> dict:
@@ -398,7 +399,21 @@ def data_resume(state: dict) -> dict:
         fresh.load_state(target)
         first = fresh.skip_first_batches(again, 3) if manual_skip else again
         outcomes[str(manual_skip)] = [_rows(b) for b in first] + [_rows(b) for b in again]
-    return {"expected": expected, "resumed": outcomes["False"], "resumed_with_skip": outcomes["True"]}
+    # the same with batches placed ahead in a background thread: a prefetched batch is not consumed
+    ahead = Accelerator(timeout=60)
+    _, loader = _loader(ahead, n=24, batch_size=2, prefetch=3)
+    seen_ahead = []
+    for i, batch in enumerate(loader):
+        seen_ahead.append(_rows(batch))
+        if i == 2:
+            time.sleep(0.2)  # the producer runs ahead meanwhile
+            ahead.save_state(target + "_prefetch")
+            break
+    fresh = Accelerator(timeout=60)
+    _, again = _loader(fresh, n=24, batch_size=2, prefetch=3)
+    fresh.load_state(target + "_prefetch")
+    return {"expected": expected, "resumed": outcomes["False"], "resumed_with_skip": outcomes["True"], "seen": seen,
+            "seen_prefetch": seen_ahead, "resumed_prefetch": [_rows(b) for b in again] + [_rows(b) for b in again]}
 
 
 def data_save_for_other_count(state: dict) -> dict:

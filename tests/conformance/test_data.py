@@ -75,6 +75,8 @@ def test_mid_epoch_resume_with_and_without_manual_skip(group):
     for r in group.scenario("data_resume"):
         assert r["resumed"] == r["expected"]
         assert r["resumed_with_skip"] == r["expected"]
+        assert r["seen_prefetch"] == r["seen"]  # unified.DataLoader(prefetch=3): the same batches...
+        assert r["resumed_prefetch"] == r["expected"]  # ...and a resume at the first one not received
 
 
 def test_torch_worker_processes_keep_order_and_skipping(group):
