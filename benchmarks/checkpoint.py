@@ -128,6 +128,26 @@ def _clean(path: str) -> None:
             if entry.startswith("." + os.path.basename(path)):
                 shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
     os.sync()  # deleted files' dirty pages are dropped; flush anything else before the next timing
+    _wait_for_writeback()
+
+
+def _dirty_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _wait_for_writeback(below: int = 64 << 20, limit_s: float = 60.0) -> None:
+    """Wait until the kernel has written back the dirty pages (``Dirty:`` in /proc/meminfo below
+    ``below``), so that no timed save pays for another's writeback; at most ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    while _dirty_bytes() >= below and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _run_rounds(contenders: Dict[str, Callable[[str], Dict[str, float]]], base: str, repeats: int) -> Dict[str, Any]:

@@ -16,7 +16,7 @@ import queue
 import re
 import struct
 from json.decoder import scanstring
-from typing import Any, Dict, Iterator, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 import xxhash
