@@ -17,6 +17,7 @@ from .sharding import FullyShardedDataParallelPlugin
 from .logging import get_logger, tqdm
 from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
                      UnifiedError)
+from .preemption import PREEMPTED_EXIT_CODE
 from . import utils
 
 __version__ = "0.1.0"
@@ -32,6 +33,7 @@ __all__ = [
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "MissingCapability",
+    "PREEMPTED_EXIT_CODE",
     "ProjectConfiguration",
     "UnifiedError",
     "available_backends",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
@@ -15,6 +16,7 @@ from .checkpoint.files import save_arrays
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
 from .metrics import Metrics
+from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_handle_preemption
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
@@ -50,6 +52,10 @@ class Accelerator:
             see `init_trackers`.
         fsdp_plugin: a `unified.FullyShardedDataParallelPlugin`: ``prepare`` shards models and
             optimizer state over every process instead of replicating them (docs/sharding.md).
+        handle_preemption: SIGTERM or SIGUSR1 to any process (what schedulers send before they
+            stop a job) makes the next `check_trigger` return True on every process and sets
+            `preempted`, instead of ending the process; see `exit_if_preempted`. Default:
+            ``UNIFIED_HANDLE_PREEMPTION`` (``1``), else False (signals keep their default action).
 
     Example:
         >>> from unified import Accelerator
@@ -69,9 +75,11 @@ class Accelerator:
         gradient_accumulation_steps: int = 1,
         log_with: Any = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+        handle_preemption: Optional[bool] = None,
         **accelerate_kwargs: Any,
     ) -> None:
         _reject_unknown(accelerate_kwargs)
+        self.handle_preemption: bool = resolve_handle_preemption(handle_preemption)
         self.mixed_precision: str = resolve_mixed_precision(mixed_precision)
         self.gradient_state = GradientState(num_steps=resolve_accumulation_steps(gradient_accumulation_steps))
         self._trackers = TrackerSet(log_with, project_config, project_dir)  # checked before joining the group
@@ -85,6 +93,11 @@ class Accelerator:
         self._collectives = Collectives(self._backend, timeout)
         self._watchdog = self._start_watchdog(float(timeout))
         self._trigger = False
+        self._preempted = False
+        self._ended = False
+        # installed once the group is joined: a signal during the join keeps its default action
+        self._signals: Optional[SignalFlag] = SignalFlag.install() if self.handle_preemption else None
+        self._signals_seen = 0
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
@@ -244,13 +257,61 @@ class Accelerator:
         """True on every process, in the same call, if any process called `set_trigger` since
         the last check; resets the flag. A collective: every process must call it equally often.
 
+        With ``handle_preemption``, a SIGTERM or SIGUSR1 received by any process since the last
+        check fires it too and sets `preempted` on every process; from then on it returns True
+        at every call (the job is going away).
+
         Example:
             >>> if accelerator.check_trigger():
+            ...     accelerator.save_state()
             ...     break
         """
-        fired = self._collectives.any_flag(self._trigger, "check_trigger")
+        if self._preempted:  # the same on every process: no collective needed
+            self._trigger = False
+            return True
+        signalled = False
+        if self._signals is not None:
+            signalled, self._signals_seen = self._signals.consume(self._signals_seen)
+        fired = self._collectives.any_flag(self._trigger or signalled, "check_trigger")
         self._trigger = False
+        if fired and self._signals is not None:  # was it a preemption? (the same call count everywhere)
+            self._preempted = self._collectives.any_flag(signalled, "check_trigger (preemption)")
         return fired
+
+    @property
+    def preempted(self) -> bool:
+        """True on every process once `check_trigger` reported a preemption signal (SIGTERM or
+        SIGUSR1 to any process, with ``handle_preemption``).
+
+        Example:
+            >>> if accelerator.check_trigger():
+            ...     accelerator.save_state()
+            ...     if accelerator.preempted:
+            ...         print("preempted: saved, exiting for a requeue")
+        """
+        return self._preempted
+
+    def exit_if_preempted(self) -> None:
+        """When `preempted`: finish pending work (`end_training`, unless it ran already) and end
+        the process with ``unified.PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL``), the status a
+        requeue script tests (`unified launch` exits with it too when every process did).
+        Otherwise, nothing. It raises ``SystemExit``, so ``finally`` blocks and ``atexit`` run.
+
+        Example:
+            >>> accelerator = Accelerator(handle_preemption=True, project_dir="run")
+            >>> for step, batch in enumerate(loader):
+            ...     train_step(batch)
+            ...     if accelerator.check_trigger():
+            ...         accelerator.save_state()
+            ...         break
+            >>> accelerator.exit_if_preempted()
+        """
+        if not self._preempted:
+            return
+        if not self._ended:
+            self.end_training()
+        record_status("preempted", self.process_index)
+        sys.exit(PREEMPTED_EXIT_CODE)  # an exit status, not a message
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the main process only.
@@ -702,6 +763,8 @@ class Accelerator:
         Example:
             >>> accelerator.end_training()
         """
+        if self._ended:
+            return
         self._finish_pending()
         self._trackers.finish()
         self._checkpoints.wait_until_durable()  # the last checkpoint is on disk, retention applied
@@ -710,6 +773,7 @@ class Accelerator:
         if self._watchdog is not None:
             self._watchdog.close()
         self._backend.shutdown()
+        self._ended = True
 
     def _finish_pending(self) -> None:
         self.wait_for_checkpoint()
@@ -787,7 +851,8 @@ def _reject_unknown(kwargs: dict) -> None:
         if name not in _NEUTRAL_ACCELERATE_KWARGS:
             raise TypeError(
                 f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
-                f"gradient_accumulation_steps, log_with, fsdp_plugin, project_dir, project_config, seed, timeout, and Accelerate's "
+                f"gradient_accumulation_steps, handle_preemption, log_with, fsdp_plugin, project_dir, project_config, seed, "
+                f"timeout, and Accelerate's "
                 f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
             )
         if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:

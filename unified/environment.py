@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, Mapping, Optional
+import re
+from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE"]
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "cluster_local_process"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
 BACKEND_VARIABLE = "UNIFIED_BACKEND"
@@ -93,3 +94,43 @@ class ProcessEnvironment:
     def distributed(self) -> bool:
         """True when the launcher described a group of several processes."""
         return self.num_processes > 1
+
+
+def _slurm_tasks_per_node(value: str) -> List[int]:
+    """SLURM's compact per-node task counts (``"2(x3),1"``) expanded: ``[2, 2, 2, 1]``."""
+    counts: List[int] = []
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            return []
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def cluster_local_process(environ: Optional[Mapping[str, str]] = None) -> Optional[Tuple[int, int]]:
+    """``(local index, local count)`` of this process from a scheduler's variables, for a group
+    formed without our launcher: SLURM (``SLURM_LOCALID``; the count from
+    ``SLURM_STEP_TASKS_PER_NODE``, ``SLURM_TASKS_PER_NODE`` or ``SLURM_NTASKS_PER_NODE`` at
+    ``SLURM_NODEID``) or Open MPI (``OMPI_COMM_WORLD_LOCAL_RANK`` / ``_LOCAL_SIZE``). ``None``
+    when neither describes this process.
+
+    Example:
+        >>> cluster_local_process({"SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4,2"})
+        (1, 2)
+    """
+    environ = os.environ if environ is None else environ
+    local = environ.get("SLURM_LOCALID", "").strip()
+    if local.isdigit():
+        node = environ.get("SLURM_NODEID", "0").strip()
+        node_index = int(node) if node.isdigit() else 0
+        for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"):
+            counts = _slurm_tasks_per_node(environ.get(name, ""))
+            if len(counts) == 1:
+                counts = counts * (node_index + 1)  # one value for every node
+            if node_index < len(counts) and counts[node_index] > int(local):
+                return int(local), counts[node_index]
+        return int(local), int(local) + 1  # the count is not announced: at least this many
+    local, size = (environ.get(f"OMPI_COMM_WORLD_LOCAL_{v}", "").strip() for v in ("RANK", "SIZE"))
+    if local.isdigit() and size.isdigit():
+        return int(local), int(size)
+    return None

@@ -4,9 +4,18 @@ Each backend names a `Launcher` in its spec. The default one starts the backend'
 service (if it has one) on machine 0 and N workers per machine, each told its place by a
 `unified.environment.ProcessEnvironment`; a backend may start its workers otherwise (torch:
 through torchrun). Every path shares `run_group`: output prefixed with the process index, the
-first failure stops every other process, Ctrl-C (or SIGTERM, SIGHUP, SIGQUIT) stops all of them,
-and so does the end of our output's reader (`unified launch ... | head`). No child outlives the
-launcher: each runs through `unified.parent_watch` and is killed when its parent dies.
+first failure stops every other process, Ctrl-C (or SIGHUP, SIGQUIT) stops all of them, and so
+does the end of our output's reader (`unified launch ... | head`). SIGTERM and SIGUSR1, what
+schedulers send before they stop a job, are forwarded to every worker, which then has
+``--grace-period`` seconds to save and exit (`unified.preemption`); a second signal or the end of
+the grace period stops them. No child outlives the launcher: each runs through
+`unified.parent_watch` and is killed when its parent dies.
+
+Exit status: 0 when every worker exited with 0 and none saw its group break;
+`unified.PREEMPTED_EXIT_CODE` when every worker of this machine exited as preempted
+(``accelerator.exit_if_preempted()``); else the first failure's code (128 + N for a signal N),
+128 + N when signal N stopped the group, 1 for a group that broke although its processes exited
+with 0.
 """
 from __future__ import annotations
 
@@ -14,8 +23,10 @@ import argparse
 import os
 import signal
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,18 +36,24 @@ from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnv
 from .errors import see
 from .logging import PROGRESS_INTERVAL
 from .parent_watch import PARENT_VARIABLE, watched
+from .preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
 __all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "Worker"]
 
 GRACE_SECONDS = 10.0
+# After a forwarded SIGTERM/SIGUSR1 (or a worker's exit as preempted), how long the workers may
+# take to save and exit before they are stopped: `--grace-period`.
+GRACE_PERIOD_SECONDS = 60.0
 # With several machines, machine 0 keeps services (the JAX coordinator) up this long after its
 # own workers ended, so that the other machines' workers can say goodbye to it.
 SERVICE_LINGER_SECONDS = 10.0
 # Ended by one of these, the launcher stops its children (SIGINT forwarded as SIGINT, the others
-# as SIGTERM) and exits 128 + the signal's number. torchrun handles the same set.
+# as SIGTERM) and exits 128 + the signal's number. torchrun handles the same set. SIGTERM and
+# SIGUSR1 (PREEMPTION_SIGNALS) are first forwarded to the workers, who get the grace period.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+HANDLED_SIGNALS = tuple(dict.fromkeys(STOP_SIGNALS + PREEMPTION_SIGNALS))
 # The exit code when our output's reader went away: a shell reports a process killed by SIGPIPE so.
 OUTPUT_CLOSED_CODE = 128 + signal.SIGPIPE
 # Workers write into pipes, whose lines we copy: tqdm bars (plain tqdm too, through its own
@@ -60,6 +77,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--mixed-precision", "--mixed_precision", choices=PRECISIONS, default=None,
                         help="Accelerator(mixed_precision=...) of every process that does not pass it "
                              f"(sets {PRECISION_VARIABLE})")
+    parser.add_argument("--grace-period", "--grace_period", type=float, default=GRACE_PERIOD_SECONDS,
+                        help="seconds the workers get to save and exit after a SIGTERM/SIGUSR1 forwarded to them "
+                             f"(default {GRACE_PERIOD_SECONDS:g}); then, or at a second signal, they are stopped")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -73,6 +93,9 @@ class Worker:
     env: Dict[str, str]
     label: Callable[[str], str] = field(default=lambda line: line)
     service: bool = False  # runs until the workers ended (then SIGTERM), its exit is not a result
+    # starts the workers itself (torchrun): signals meant for the workers go to the processes it
+    # started through `unified.parent_watch`, and its exit code only summarises theirs
+    agent: bool = False
 
 
 def free_port() -> int:
@@ -90,6 +113,9 @@ def _validate(args: argparse.Namespace) -> None:
             f"unified launch: expected 0 <= --machine-rank < --num-machines; received "
             f"--machine-rank {args.machine_rank} with --num-machines {args.num_machines}." + see("launch-machine-rank")
         )
+    if not args.grace_period >= 0:
+        raise SystemExit(f"unified launch: --grace-period must be >= 0 seconds; received {args.grace_period}."
+                         + see("launch-grace-period"))
     if not os.path.exists(args.script):
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
 
@@ -267,18 +293,56 @@ def _stop_all(procs: Sequence[subprocess.Popen], first: int = signal.SIGTERM) ->
         proc.wait()
 
 
-def _start(worker: Worker, output: _Output) -> Tuple[subprocess.Popen, threading.Thread]:
+def _start(worker: Worker, output: _Output, status_dir: str) -> Tuple[subprocess.Popen, threading.Thread]:
     """Start ``worker`` in a session of its own, through `unified.parent_watch`, and its pump."""
-    proc = subprocess.Popen(watched(worker.argv), env={**worker.env, PARENT_VARIABLE: str(os.getpid())},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    env = {**worker.env, PARENT_VARIABLE: str(os.getpid())}
+    if not worker.service:
+        env[STATUS_DIR_VARIABLE] = status_dir
+    proc = subprocess.Popen(watched(worker.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, output), daemon=True)
     pump.start()
     return proc, pump
 
 
-def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
-    """Run the workers to completion; the first failure stops the rest. Returns the exit code."""
+def _wrapped_children(agent: int) -> Set[int]:
+    """The processes ``agent`` started through `unified.parent_watch` (torchrun's workers): the
+    wrapper leaves each one's own pid in its environment."""
+    found = set()
+    for pid, parent in _parents().items():
+        if parent != agent:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as file:
+                variables = file.read().split(b"\0")
+        except OSError:
+            continue
+        if f"{PARENT_VARIABLE}={pid}".encode() in variables:
+            found.add(pid)
+    return found
+
+
+def _forward(procs: Sequence[subprocess.Popen], workers: Sequence[Worker], sig: int, done: Set[int]) -> None:
+    """Send ``sig`` to every worker process not in ``done`` (never to services or agents), and
+    add them to ``done``."""
+    for proc, worker in zip(procs, workers):
+        if worker.service or proc.poll() is not None:
+            continue
+        for pid in (_wrapped_children(proc.pid) if worker.agent else {proc.pid}) - done:
+            try:
+                os.kill(pid, sig)
+                done.add(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_period: float = GRACE_PERIOD_SECONDS,
+              process_indices: Sequence[int] = ()) -> int:
+    """Run the workers to completion; the first failure stops the rest. Returns the exit code.
+
+    ``process_indices``: the group indices of this machine's workers, whose statuses (preempted,
+    broken; see `unified.preemption`) decide the exit code with their exit codes.
+    """
     output = _Output()
     procs: List[subprocess.Popen] = []
     pumps: List[threading.Thread] = []
@@ -287,50 +351,116 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False) -> int:
     def on_signal(signum, _frame):
         interrupted.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    status_dir = tempfile.mkdtemp(prefix="unified-launch-")
+    previous = {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}
     try:
         for worker in workers:
-            proc, pump = _start(worker, output)
+            proc, pump = _start(worker, output, status_dir)
             procs.append(proc)
             pumps.append(pump)
-        code = _supervise(procs, workers, output, interrupted, remote_peers)
+        group = _Group(procs, workers, output, interrupted, remote_peers, grace_period, status_dir, process_indices)
+        code = group.supervise()
     except BaseException:
         _stop_all(procs)
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        shutil.rmtree(status_dir, ignore_errors=True)
     for pump in pumps:
         pump.join(timeout=5)
     if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
         _note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
-    elif code:
+    elif code == PREEMPTED_EXIT_CODE and group.preempted:
+        _note(f"unified launch: every process exited as preempted (exit code {PREEMPTED_EXIT_CODE}); "
+              f"resume with load_state().{see('launch-preempted')}")
+    elif code and group.broken_quietly:
+        _note(f"unified launch: the process group broke (every process here exited with 0, but process(es) "
+              f"{', '.join(map(str, group.broken))} reported the break); exit code {code}.{see('launch-group-broke')}")
+    elif code and not interrupted:
         _note(f"unified launch: a process failed (exit code {code}); stopped the others.{see('launch-process-failed')}")
     return code
 
 
-def _supervise(procs: Sequence[subprocess.Popen], workers: Sequence[Worker], output: _Output,
-               interrupted: List[int], remote_peers: bool) -> int:
-    """Poll the children until the group is done; stop them all; return the exit code."""
-    mains = [p for p, w in zip(procs, workers) if not w.service]
-    while True:
-        if interrupted:
-            _stop_all(procs, signal.SIGINT if interrupted[0] == signal.SIGINT else signal.SIGTERM)
-            return 128 + interrupted[0]
-        if output.closed.is_set():
-            _stop_all(procs)
-            return OUTPUT_CLOSED_CODE
-        codes = [p.poll() for p in mains]
-        failed = [c for c in codes if c not in (None, 0)]
-        failed += [p.returncode or 1 for p, w in zip(procs, workers) if w.service and p.poll() is not None]
-        if failed:
-            _stop_all(procs)
-            return failed[0] if failed[0] > 0 else 128 - failed[0]
+class _Group:
+    """The supervision of one launched group: polls the children until the group is done, stops
+    them all, and decides the exit code."""
+
+    def __init__(self, procs: Sequence[subprocess.Popen], workers: Sequence[Worker], output: _Output,
+                 interrupted: List[int], remote_peers: bool, grace_period: float, status_dir: str,
+                 process_indices: Sequence[int]) -> None:
+        self.procs, self.workers, self.output, self.interrupted = procs, workers, output, interrupted
+        self.remote_peers, self.grace_period = remote_peers, grace_period
+        self.status_dir, self.indices = status_dir, list(process_indices)
+        self.mains = [(p, w) for p, w in zip(procs, workers) if not w.service]
+        self.preempted = False
+        self.broken: List[int] = []
+        self.broken_quietly = False
+
+    def _statuses(self) -> Dict[str, List[int]]:
+        return read_statuses(self.status_dir, self.indices)
+
+    def supervise(self) -> int:
+        forwarded_to: Set[int] = set()
+        grace_until: Optional[float] = None   # workers are saving: wait for them until then
+        next_forward = 0.0
+        while True:
+            now = time.monotonic()
+            if self.interrupted:
+                first = self.interrupted[0]
+                if first not in PREEMPTION_SIGNALS or len(self.interrupted) > 1 or self.grace_period <= 0:
+                    _stop_all(self.procs, signal.SIGINT if first == signal.SIGINT else signal.SIGTERM)
+                    return 128 + first
+                if grace_until is None:
+                    grace_until = now + self.grace_period
+                if now >= next_forward:  # workers an agent starts late get it too
+                    if not forwarded_to:
+                        _note(f"unified launch: received {signal.Signals(first).name}; forwarded it to every process, "
+                              f"which has {self.grace_period:g}s to save and exit (a second signal stops them now).")
+                    _forward(self.procs, self.workers, first, forwarded_to)
+                    next_forward = now + 1.0
+                if now >= grace_until:
+                    _note(f"unified launch: the processes did not exit within the {self.grace_period:g}s grace period; "
+                          f"stopping them.{see('launch-grace-period-over')}")
+                    _stop_all(self.procs)
+                    return 128 + first
+            if self.output.closed.is_set():
+                _stop_all(self.procs)
+                return OUTPUT_CLOSED_CODE
+            codes = [p.poll() for p, _ in self.mains]
+            failed = [c for c in codes if c not in (None, 0)]
+            failed += [p.returncode or 1 for p, w in zip(self.procs, self.workers) if w.service and p.poll() is not None]
+            if failed and all(c is not None for c in codes) or all(c == 0 for c in codes):
+                break
+            if failed:
+                # a worker that exited as preempted: the others are saving too, give them the grace
+                if grace_until is None and (PREEMPTED_EXIT_CODE in failed or "preempted" in self._statuses()):
+                    grace_until = now + self.grace_period
+                if grace_until is None or now >= grace_until:
+                    break
+            time.sleep(0.05)
         if all(c == 0 for c in codes):
-            time.sleep(SERVICE_LINGER_SECONDS if len(mains) < len(procs) and remote_peers else 0)
-            _stop_all(procs)
-            return 0
-        time.sleep(0.05)
+            time.sleep(SERVICE_LINGER_SECONDS if len(self.mains) < len(self.procs) and self.remote_peers else 0)
+        _stop_all(self.procs)
+        return self._code([p.returncode for p, _ in self.mains], failed)
+
+    def _code(self, codes: List[int], failed: List[Optional[int]]) -> int:
+        statuses = self._statuses()
+        self.broken = statuses.get("broken", [])
+        if self.indices and statuses.get("preempted") == sorted(self.indices) and all(
+                c == PREEMPTED_EXIT_CODE or w.agent for c, (_, w) in zip(codes, self.mains)):
+            self.preempted = True
+            return PREEMPTED_EXIT_CODE
+        if self.interrupted:  # forwarded, and the group ended within the grace period
+            return 0 if all(c == 0 for c in codes) and not self.broken else 128 + self.interrupted[0]
+        failed = [c for c in failed if c is not None]
+        if failed:
+            others = [c for c in failed if c != PREEMPTED_EXIT_CODE] or [1]
+            return others[0] if others[0] > 0 else 128 - others[0]
+        if self.broken:  # every process here exited with 0, yet the group broke
+            self.broken_quietly = True
+            return 1
+        return 0
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -345,7 +475,9 @@ def launch(args: argparse.Namespace) -> int:
     plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
                       port, [args.script, *args.script_args])
     launcher: Launcher = load_object(backend_spec(backend).launcher)
-    return run_group(launcher.workers(plan), remote_peers=args.num_machines > 1)
+    indices = [process.process_index for process in plan.processes(hosted=False)]
+    return run_group(launcher.workers(plan), remote_peers=args.num_machines > 1,
+                     grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS), process_indices=indices)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -13,7 +13,10 @@ survivor hangs" for such backends, through a small key-value channel the backend
   ``grace`` seconds, the process is stuck (or would be at its next collective): the watchdog
   prints why on stderr and ends it with exit code 1;
 - at exit, a process whose group broke leaves through ``os._exit(1)``: finalizers of arrays
-  whose computation waits on a dead peer would otherwise block the interpreter's shutdown.
+  whose computation waits on a dead peer would otherwise block the interpreter's shutdown;
+- a process that saw its group break (its own error, a peer's failure, a lost peer) says so in
+  `unified launch`'s status folder, so that the launcher never reports success for the group,
+  even when every process of this machine caught the error and exited with 0.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import time
 from typing import Callable, Dict, Optional, Protocol
 
 from .errors import first_line, see
+from .preemption import record_status
 
 __all__ = ["CHANNEL_KINDS", "HealthChannel", "Watchdog"]
 
@@ -116,6 +120,7 @@ class Watchdog:
     def report(self, error: BaseException) -> None:
         """This process met ``error`` (a broken group): tell the others and stand down."""
         self._acknowledged = self.broken = True
+        record_status("broken", self.rank)
         self._post(f"failed/{self.rank}", f"{type(error).__name__}: {first_line(error)[:500]}")
 
     def _uncaught(self, kind, value, traceback) -> None:
@@ -154,6 +159,7 @@ class Watchdog:
             failures = {r: posted[f"failed/{r}"] for r in changed_at if f"failed/{r}" in posted}
             if failures:
                 rank, reason = min(failures.items())
+                record_status("broken", self.rank)  # even if this process then ends cleanly
                 if not self._stop.wait(self.grace) and not self._acknowledged:
                     self._give_up(f"process {rank} failed: {reason}")
                 return
@@ -177,6 +183,7 @@ class Watchdog:
         if self._stop.is_set():
             return
         self.broken = True
+        record_status("broken", self.rank)
         self._exit(f"{self._who()} unified: the process group broke - {reason}. This process had not met the "
                    "error itself (it was running or blocked in a computation that cannot time out); exiting "
                    "with code 1." + see("the-process-group-broke"), 1)

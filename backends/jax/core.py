@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from backends.common import keep_alive_forever, next_instance, timeout_error
 from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
                              TrainingObjects)
-from unified.environment import ProcessEnvironment
+from unified.environment import ProcessEnvironment, cluster_local_process
 from unified.errors import DistributedError, see
 
 from .loop import JaxTrainingLoop
@@ -41,6 +41,11 @@ def _cluster_detected() -> bool:
                    and not getattr(env, "opt_in_only_method", False))
     except Exception:  # private API: treat any change as "no cluster"
         return False
+
+
+def _local_announced() -> bool:
+    """True when a launcher set this process's local index (ours, or torchrun's convention)."""
+    return any(os.environ.get(name, "").strip().isdigit() for name in ("UNIFIED_LOCAL_PROCESS_ID", "LOCAL_RANK"))
 
 
 def _missing_from_message(message: str) -> Optional[List[int]]:
@@ -152,6 +157,10 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self.num_processes = jax.process_count()
         self.local_process_index = env.local_process_index
         self.local_num_processes = env.local_num_processes
+        if self._owns_runtime and not address:  # joined through JAX's cluster detection (SLURM, Open MPI)
+            local = cluster_local_process()
+            if local is not None and not _local_announced():
+                self.local_process_index, self.local_num_processes = local
 
     def shutdown(self) -> None:
         if not self._owns_runtime:

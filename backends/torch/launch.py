@@ -58,7 +58,7 @@ class TorchrunLauncher(Launcher):
             # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
             return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
 
-        return [Worker(argv, plan.base_env(), label)]
+        return [Worker(argv, plan.base_env(), label, agent=True)]
 
 
 LAUNCHER = TorchrunLauncher()
