@@ -48,6 +48,15 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    one save (sync, and async + `wait_for_checkpoint`; each process as the victim). Pass: every
    process raises `CheckpointError` naming the process and "No space left"; the failed checkpoint
    does not exist, and `load_state()` loads the previous one with its exact state.
+7. Preemption of a worker: a training run (`tests/conformance/preemption_run.py`,
+   `Accelerator(handle_preemption=True)`, 2 processes) started by `unified launch --grace-period
+   60`; at a random step (2-8) a random process gets SIGTERM or SIGUSR1 (random). Pass: the
+   launcher exits `unified.PREEMPTED_EXIT_CODE`, every process stopped at that step with
+   `preempted` set and saved `checkpoint_0`, the only checkpoint, within the grace period.
+   "worst time" and the notes: signal -> committed checkpoint (the slowest process's
+   `save_state` returned), median and worst. --short: 1 trial.
+8. Preemption of the launcher: the same, with the signal sent to `unified launch`, which forwards
+   it to every worker.
 """
 from __future__ import annotations
 
@@ -58,6 +67,7 @@ import os
 import pickle
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -72,6 +82,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conformance import harness  # noqa: E402
+from unified.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 
 VERBOSE = False
 
@@ -555,6 +566,10 @@ def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work
     if 2 in wanted:
         rows.append(row_save_kill(backend, args.trials, rng, work, args.max_kill_delay))
         print(f"  [{backend}] row 2 done ({time.monotonic() - START:.0f} s)", flush=True)
+    for number in (7, 8):
+        if number in wanted:
+            rows.append(row_preemption(backend, 1 if args.short else args.trials, rng, work, launcher=number == 8))
+            print(f"  [{backend}] row {number} done ({time.monotonic() - START:.0f} s)", flush=True)
     if not wanted & {3, 4, 5, 6}:
         return rows
     shared = work / f"files-{backend}"
@@ -617,7 +632,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: 2 trials per row, 10 damage cases")
     parser.add_argument("--backends", default=",".join(b for b in ("torch", "jax") if importlib.util.find_spec(b)))
-    parser.add_argument("--trials", type=int, default=None, help="trials of rows 1 and 2 (20; --short: 2)")
+    parser.add_argument("--trials", type=int, default=None, help="trials of rows 1, 2, 7 and 8 (20; --short: 2, rows 7-8: 1)")
     parser.add_argument("--damage-cases", type=int, default=None, help="damaged copies for row 3 (100; --short: 10)")
     parser.add_argument("--timeout", type=float, default=None, help="the Accelerator timeout in row 1 (10 s; --short: 5 s)")
     parser.add_argument("--max-kill-delay", type=float, default=None,
@@ -625,7 +640,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-jax-cache", action="store_true", help="no persistent JAX compilation cache for the groups")
     parser.add_argument("--train-size", type=int, default=None, help="processes in row 1 (3; --short: 2)")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: time)")
-    parser.add_argument("--rows", default="1,2,3,4,5,6")
+    parser.add_argument("--rows", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
     args = parser.parse_args(argv)

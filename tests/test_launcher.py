@@ -106,3 +106,28 @@ def test_jax_launch_inside_a_slurm_job_uses_the_launcher_values():
     results = _results(run.stdout)
     assert sorted(results) == [0, 1], run.stdout
     assert all(r["num"] == 2 and r["index"] == i and r["detections"] == [] for i, r in results.items()), results
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_machine_whose_processes_caught_a_broken_group_does_not_exit_0(backend, tmp_path):
+    """Machine 0's process dies; machine 1's catches the error and exits 0. Its launcher must
+    still report the broken group (it used to exit 0: every process it started exited with 0)."""
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import os, unified\n"
+        "acc = unified.Accelerator(timeout=30)\n"
+        "if acc.process_index == 0:\n    os._exit(3)\n"
+        "try:\n    acc.wait_for_everyone(timeout=20)\n"
+        "except unified.DistributedError as err:\n    print('caught', type(err).__name__, flush=True)\n"
+    )
+    port = str(free_port())
+    common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
+              "--main-process-port", port, "--backend", backend, str(script)]
+    machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
+                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=180)[0] for proc in machines]
+    assert machines[0].returncode != 0, outputs[0]
+    assert machines[1].returncode != 0, outputs[1]
+    if "[1] caught" in outputs[1]:  # the process exited 0 itself: the launcher said why it did not
+        assert "the process group broke" in outputs[1], outputs[1]

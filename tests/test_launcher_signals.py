@@ -76,11 +76,11 @@ class Group:
         self.launcher: Optional[subprocess.Popen] = None
         self.pids: Set[int] = set()
 
-    def start(self, backend: str, *script_args: str, stdout=None) -> subprocess.Popen:
+    def start(self, backend: str, *script_args: str, stdout=None, grace_period: float = 1) -> subprocess.Popen:
         """Start the launcher; its output goes to ``stdout`` (default: the log file) and its
-        errors to the log file."""
+        errors to the log file. ``grace_period``: what workers get after a forwarded SIGTERM."""
         command = [sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
-                   str(LINGER), str(self.folder), *script_args]
+                   "--grace-period", str(grace_period), str(LINGER), str(self.folder), *script_args]
         with open(self.folder / "launcher.log", "wb") as log:
             self.launcher = subprocess.Popen(command, cwd=ROOT, stdout=stdout or log, stderr=log)
         return self.launcher
@@ -150,8 +150,9 @@ def test_closed_stdout_stops_the_group(backend, group):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("sig, worker_args", [(signal.SIGHUP, ()), (signal.SIGTERM, ("--ignore-sigterm",))],
-                         ids=["sighup", "sigterm-to-workers-that-ignore-it"])
+@pytest.mark.parametrize("sig, worker_args", [(signal.SIGHUP, ()), (signal.SIGTERM, ("--ignore-sigterm",)),
+                                              (signal.SIGUSR1, ())],
+                         ids=["sighup", "sigterm-to-workers-that-ignore-it", "sigusr1-forwarded-to-workers-without-handler"])
 def test_a_stop_signal_to_the_launcher_stops_the_group(backend, group, sig, worker_args):
     launcher = group.start(backend, *worker_args)
     group.wait_for_workers()
