@@ -126,10 +126,14 @@ class Accelerator:
             self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes))
             if self.gradient_accumulation_steps > 1 or self.mixed_precision == "fp16":
                 # the position inside the window, its gradients so far and the loss scale
-                self._checkpoints.add(Entry("training_loop", self._loop_state, self._load_loop_state, managed=False))
+                self._checkpoints.add(Entry("training_loop", self._loop_state, self._load_loop_state, managed=False,
+                                            check=self._check_loop_state))
 
     def _loop_state(self) -> Dict[str, Any]:
         return {"gradient_state": self.gradient_state.state_dict(), "backend": self._loop.loop_state()}
+
+    def _check_loop_state(self, state: Dict[str, Any], saved_processes: int) -> None:
+        self.gradient_state.check_state_dict(state["gradient_state"], saved_processes, self.num_processes)
 
     def _load_loop_state(self, state: Dict[str, Any]) -> None:
         self.gradient_state.load_state_dict(state["gradient_state"])
@@ -426,7 +430,8 @@ class Accelerator:
         if loader is not None:
             loader.on_batch = self.gradient_state.saw_batch  # the end of a loader closes a window
             self._metrics.watch(loader)
-            self._track("dataloader", loader, loader.state_dict, loader.load_state_dict)
+            self._track("dataloader", loader, loader.state_dict, loader.load_state_dict,
+                        check=lambda state, _saved_processes: loader.check_state_dict(state))
             return loader
         result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None
         if result is None:
@@ -444,11 +449,12 @@ class Accelerator:
         return prepared
 
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
-               managed: bool = True, strict: bool = False) -> None:
+               managed: bool = True, strict: bool = False,
+               check: Optional[Callable[[Any, int], None]] = None) -> None:
         index = self._counts.get(kind, 0)
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
-        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict))
+        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and

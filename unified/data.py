@@ -31,7 +31,8 @@ from .errors import see
 from .prefetch import prefetched
 
 __all__ = ["DataLoader", "PreparedDataLoader", "PreparedIterableLoader", "SampledLoader", "BatchSampledLoader",
-           "BatchLayout", "OrderSource", "skip_first_batches", "prepare_loader", "default_collate"]
+           "BatchLayout", "OrderSource", "skip_first_batches", "prepare_loader", "default_collate",
+           "resume_position"]
 
 
 def default_collate(samples: Sequence[Any]) -> Any:
@@ -140,6 +141,34 @@ def _tail_layout(first: int, available: int, batch_size: int, processes: int) ->
     ``available`` are new samples; process ``r`` holds positions ``first + r*B ..`` (``B`` rows)."""
     kept = tuple(min(batch_size, max(0, available - (first + r * batch_size))) for r in range(processes))
     return BatchLayout((batch_size,) * processes, kept)
+
+
+def resume_position(epoch: int, seen: int, saved_batch: int, batch: int, epoch_batches: Callable[[int], Any],
+                    described: str) -> Tuple[int, int]:
+    """Where a loader resumes: ``(epoch, next global batch)`` after ``seen`` samples (for a
+    batch sampler: its batches) of ``epoch`` were consumed in global batches of ``saved_batch``,
+    now that a global batch takes ``batch`` of them (another process count or batch size).
+    ``epoch_batches(g)`` is the number of global batches of ``g`` in an epoch.
+
+    The rule, the same for every loader: a position at the end of its epoch resumes at the
+    start of the next one; otherwise ``seen`` must be a multiple of ``batch``, so that the
+    next batch is exactly the first one not yet seen; else `ValueError` (never a rounding
+    that would skip or repeat samples).
+
+    Example:
+        >>> resume_position(0, 12, 4, 6, lambda g: -(-24 // g), "a global batch of 6")
+        (0, 2)
+    """
+    if saved_batch > 0 and seen >= epoch_batches(saved_batch) * saved_batch:  # the epoch was finished
+        return epoch + 1, 0
+    if seen % batch:
+        below, above = seen // batch * batch, (seen // batch + 1) * batch
+        raise ValueError(
+            f"cannot resume after {seen} of the epoch's samples with {described}: the next batch would start at "
+            f"sample {below} (repeating samples) or {above} (skipping samples). Resume with a process count or "
+            f"batch size whose global batch divides {seen} (or the saving run's), or save at an epoch boundary"
+        )
+    return epoch, seen // batch
 
 
 @contextlib.contextmanager
@@ -263,18 +292,30 @@ class PreparedDataLoader:
                 "samples_seen": self.position * self.global_batch_size, "global_batch_size": self.global_batch_size,
                 "dataset_length": self.num_samples()}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def check_state_dict(self, state: Dict[str, Any]) -> None:
+        """Raise `ValueError` when ``state`` cannot be resumed here; change nothing (`load_state`
+        calls it for every object before any is restored)."""
+        self._resumed_position(state)
+
+    def _resumed_position(self, state: Dict[str, Any]) -> Tuple[int, int]:
+        """``(epoch, position)`` of ``state`` in this loader's global batches (see `resume_position`)."""
         if state["dataset_length"] != self.num_samples():
             raise ValueError(f"the data loader's epoch has {self.num_samples()} samples; the checkpoint's had "
                              f"{state['dataset_length']}")
-        seen, g = int(state["samples_seen"]), self.global_batch_size
-        if seen % g:
-            raise ValueError(
-                f"cannot resume at sample {seen} of the epoch with a global batch of {g} samples "
-                f"({self.batch_size} per process x {self._backend.num_processes}); choose a process count or batch "
-                f"size whose global batch divides {seen}, or resume at an epoch boundary"
-            )
-        self.epoch, self.position, self.seed = int(state["epoch"]), seen // g, int(state["seed"])
+        g = self.global_batch_size
+        return resume_position(int(state["epoch"]), int(state["samples_seen"]),
+                               int(state.get("global_batch_size") or g), g, self._epoch_batches,
+                               f"a global batch of {g} samples ({self.batch_size} per process x "
+                               f"{self._backend.num_processes} processes)")
+
+    def _epoch_batches(self, global_batch: int) -> int:
+        """Global batches in one epoch with a global batch of ``global_batch`` samples."""
+        n = self.num_samples()
+        return n // global_batch if self.drop_last else math.ceil(n / global_batch)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.epoch, self.position = self._resumed_position(state)
+        self.seed = int(state["seed"])
 
 
 def _mix(z: np.ndarray) -> np.ndarray:
@@ -503,13 +544,23 @@ class PreparedIterableLoader:
             state["dataset"] = self.dataset.state_dict()
         return state
 
+    def check_state_dict(self, state: Dict[str, Any]) -> None:
+        """See `PreparedDataLoader.check_state_dict`."""
+        self._resumed_position(state)
+
+    def _resumed_position(self, state: Dict[str, Any]) -> int:
+        """The position in this loader's global batches. Every process reads the whole stream, so
+        ``position x saved global batch`` items were consumed (and a stateful dataset's state,
+        written by the main process, is every process's); then the rule of `resume_position`
+        (a stream's end is unknown: a saved position is never taken for the epoch's end)."""
+        saved, g = int(state["global_batch_size"]), self.global_batch_size
+        described = (f"a global batch of {g} items ({self.batch_size} per process x "
+                     f"{self._backend.num_processes} processes)")
+        return resume_position(0, int(state["position"]) * saved, saved, g, lambda _: math.inf, described)[1]
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if state["global_batch_size"] != self.global_batch_size:
-            raise ValueError(
-                f"cannot resume an iterable stream saved with a global batch of {state['global_batch_size']} "
-                f"samples with {self.global_batch_size}; keep batch_size x num_processes the same"
-            )
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.position = self._resumed_position(state)
+        self.epoch = int(state["epoch"])
         if self._stateful and "dataset" in state:
             self.dataset.load_state_dict(state["dataset"])
 
@@ -707,21 +758,35 @@ class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
     def state_dict(self) -> Dict[str, Any]:
         p = self._backend.num_processes
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "batches_seen": self.position * p,
-                "num_batches": self.num_batches(), "batch_sampler": True, **self._source_state()}
+                "num_processes": p, "num_batches": self.num_batches(), "batch_sampler": True, **self._source_state()}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def check_state_dict(self, state: Dict[str, Any]) -> None:
+        """See `PreparedDataLoader.check_state_dict`; the batch count is compared here when the
+        sampler knows it without drawing an epoch (else by `load_state_dict`)."""
         if "batches_seen" not in state:
             raise ValueError("the checkpoint's data loader was not prepared from a batch sampler; prepare the same "
                              "kind of loader as in the run that saved it")
+        known = self._source.length()
+        if known is not None:
+            self._resumed_position(state, known)
+
+    def _resumed_position(self, state: Dict[str, Any], batches: int) -> Tuple[int, int]:
+        """Steps take ``P`` of the sampler's batches: ``batches_seen`` follows the rule of
+        `resume_position` in units of batches."""
+        if state["num_batches"] != batches:
+            raise ValueError(f"the batch sampler gives {batches} batches per epoch; the checkpoint's gave "
+                             f"{state['num_batches']}")
+        p = self._backend.num_processes
+
+        def steps(per_step: int) -> int:
+            return batches // per_step if self.drop_last else math.ceil(batches / per_step)
+
+        return resume_position(int(state["epoch"]), int(state["batches_seen"]), int(state.get("num_processes") or 0),
+                               p, steps, f"{p} processes (each step takes {p} of the batch sampler's batches)")
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.check_state_dict(state)
         self.epoch = int(state["epoch"])
         self._load_source_state(state)
-        if state["num_batches"] != self.num_batches():
-            raise ValueError(f"the batch sampler gives {self.num_batches()} batches per epoch; the checkpoint's gave "
-                             f"{state['num_batches']}")
-        seen, p = int(state["batches_seen"]), self._backend.num_processes
-        if seen % p:
-            raise ValueError(
-                f"cannot resume after batch {seen} of the epoch with {p} processes (each step takes {p} batches); "
-                f"choose a process count that divides {seen}, or resume at an epoch boundary"
-            )
-        self.position, self.seed = seen // p, int(state["seed"])
+        self.epoch, self.position = self._resumed_position(state, self.num_batches())
+        self.seed = int(state["seed"])

@@ -94,6 +94,24 @@ class GradientState:
     def state_dict(self) -> Dict[str, Any]:
         return {"step": self.step, "num_steps": self.num_steps}
 
+    def check_state_dict(self, state: Dict[str, Any], saved_processes: int, processes: int) -> None:
+        """Raise `ValueError` when ``state`` cannot be resumed by ``processes`` processes; it was
+        saved by ``saved_processes``. Inside an open accumulation window the gradients so far
+        belong to micro-batches of ``saved_processes`` x the batch size: with another process
+        count the window would close on other samples than any run's, so that is refused."""
+        saved = int(state["num_steps"])
+        if saved != self.num_steps:
+            raise ValueError(f"the checkpoint was saved with gradient_accumulation_steps={saved}; this run uses "
+                             f"{self.num_steps}. Resume with the same value")
+        step = int(state["step"])
+        if step and saved_processes != processes:
+            raise ValueError(
+                f"the checkpoint was saved inside an open gradient-accumulation window ({step} of {saved} "
+                f"micro-batches) by {saved_processes} processes; their gradients so far cannot be split over "
+                f"{processes} processes. Resume it with {saved_processes} processes, or save where "
+                "accelerator.sync_gradients is True (after an optimizer step)"
+            )
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         saved = int(state["num_steps"])
         if saved != self.num_steps:

@@ -86,6 +86,10 @@ class Entry:
     # True: the checkpoint must hold exactly this object's arrays (a model); otherwise it may hold
     # arrays the object does not have yet (an optimizer before its first step).
     strict: bool = False
+    # Called by `load` with the decoded state and the saving run's process count before any
+    # object is restored; raises ValueError when this run cannot resume it (a data position that
+    # another process count cannot continue exactly, an open accumulation window).
+    check: Optional[Callable[[Any, int], None]] = None
 
 
 @dataclass
@@ -102,6 +106,85 @@ class Snapshot:
     # not read twice; `changed_in_place` then names the arrays edited in place since the snapshot.
     live: bool = False
     changed_in_place: Callable[[], List[str]] = lambda: []
+
+
+HOST_GENERATORS = ("python", "numpy")
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two decoded generator states are equal (NumPy arrays by dtype, shape and value)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and bool(np.array_equal(a, b)))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _state_bytes(value: Any) -> bytes:
+    """A canonical byte form of a decoded generator state (for `derived_rng_seed`)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.str}{list(value.shape)}".encode() + np.ascontiguousarray(value).tobytes()
+    if isinstance(value, dict):
+        return b"{" + b",".join(json.dumps(k).encode() + b":" + _state_bytes(value[k]) for k in sorted(value)) + b"}"
+    if isinstance(value, (list, tuple)):
+        return b"[" + b",".join(_state_bytes(v) for v in value) + b"]"
+    return json.dumps(value, default=repr).encode()
+
+
+def derived_rng_seed(generator: str, process_index: int, saved_processes: int, template: Any) -> int:
+    """The seed of ``generator`` on a process that did not exist in the saving run
+    (``process_index >= saved_processes``): a 32-bit value of NumPy's ``SeedSequence`` over the
+    generator's name, the process index, the saving run's process count and the saved state of
+    the same generator on process ``process_index % saved_processes`` (``template``). The same
+    checkpoint resumed with the same count gives the same streams; different processes, generators
+    and checkpoints give unrelated ones.
+
+    Example:
+        >>> derived_rng_seed("python", 2, 2, {"state": [1, 2, 3]}) == derived_rng_seed("python", 2, 2, {"state": [1, 2, 3]})
+        True
+    """
+    entropy = [zlib.crc32(f"unified-rng/{generator}".encode()), int(process_index), int(saved_processes),
+               zlib.crc32(_state_bytes(template))]
+    return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+
+def resolve_rng(streams: List[Dict[str, Any]], process_index: int) -> Dict[str, Any]:
+    """The random streams of process ``process_index`` from every saving process's ``streams``
+    (``{"host": {"python", "numpy"}, "framework": {name: state}}``), when the count changed.
+
+    Per generator (Python's ``random``, NumPy's global generator, each framework generator):
+    a generator in the same state on every saving process (seeded alike, as ``Accelerator(seed=)``
+    and ``set_seed(seed)`` do; the JAX key stream) gets that state on every process; otherwise
+    process ``i`` below the saving count gets process ``i``'s saved state, and a process that
+    did not exist gets the generator seeded with `derived_rng_seed`.
+
+    Returns ``{"host", "framework"}`` states to restore, ``"derived"`` (generator -> seed, for
+    this process) and ``"differing"`` (generators whose saved states differed between processes).
+    """
+    saved = len(streams)
+    names = list(HOST_GENERATORS) + sorted(set.intersection(*(set(s["framework"]) for s in streams)))
+
+    def state_of(stream: Dict[str, Any], name: str) -> Any:
+        return stream["host"][name] if name in HOST_GENERATORS else stream["framework"][name]
+
+    mine = streams[process_index] if process_index < saved else streams[process_index % saved]
+    host, framework = dict(mine["host"]), dict(mine["framework"])
+    derived: Dict[str, int] = {}
+    differing = []
+    for name in names:
+        values = [state_of(s, name) for s in streams]
+        if all(_same_state(values[0], v) for v in values[1:]):
+            value = values[0]
+        else:
+            differing.append(name)
+            value = values[process_index % saved]
+            if process_index >= saved:
+                derived[name] = derived_rng_seed(name, process_index, saved, value)
+        (host if name in HOST_GENERATORS else framework)[name] = value
+    return {"host": host, "framework": framework, "derived": derived, "differing": differing}
 
 
 class CheckpointManager:
@@ -463,16 +546,20 @@ class CheckpointManager:
         failure: Optional[BaseException] = None
         try:
             manifest, states, rng, sharded_files = self._read(directory)
+            if not manifest.get("sharded"):
+                self._check_resumable(directory, manifest, states)
         except (CheckpointError, OSError) as err:
             failure = err
         # Every process learns every failure, so each raises an error naming the bad file.
-        failed = self.collectives.share_failure(failure, "load_state (verified)")
-        if failed:
-            raise CheckpointError(f"{directory}: cannot be loaded; "
-                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
-                                  + see("another-process-could-not-load"))
+        self._raise_shared(directory, failure, "load_state (verified)")
         if manifest.get("sharded"):
             states = self._with_sharded(directory, manifest, states, sharded_files)
+            failure = None
+            try:
+                self._check_resumable(directory, manifest, states)
+            except CheckpointError as err:
+                failure = err
+            self._raise_shared(directory, failure, "load_state (resumable)")
         for entry in self.entries:
             try:
                 entry.set_state(states[entry.name])
@@ -484,6 +571,30 @@ class CheckpointManager:
             highest = layout.highest_number(os.path.join(self.config.project_dir, layout.CHECKPOINTS))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
+
+    def _raise_shared(self, directory: str, failure: Optional[BaseException], operation: str) -> None:
+        """Share ``failure`` (or none) with every process; raise on every process when any failed."""
+        failed = self.collectives.share_failure(failure, operation)
+        if failed:
+            raise CheckpointError(f"{directory}: cannot be loaded; "
+                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
+                                  + see("another-process-could-not-load"))
+
+    def _check_resumable(self, directory: str, manifest: Dict[str, Any], states: Dict[str, Any]) -> None:
+        """Before any object is restored: every object with a check accepts its saved state in this
+        run (a data position this process count continues exactly, no open accumulation window
+        saved by another process count...)."""
+        saved_processes = int(manifest.get("num_processes") or 0)
+        for entry in self.entries:
+            if entry.check is None:
+                continue
+            try:
+                entry.check(states[entry.name], saved_processes)
+            except (KeyError, ValueError, TypeError) as err:
+                raise CheckpointError(
+                    f"{os.path.join(directory, entry.name + '.safetensors')}: cannot resume {entry.name} "
+                    f"(saved by {saved_processes} processes, loaded by {self.backend.num_processes}): {err}. "
+                    "Nothing was restored." + see("cannot-resume")) from err
 
     def _with_sharded(self, directory: str, manifest: Dict[str, Any], files: Dict[str, Any],
                       verified: Dict[str, Tuple[int, ...]]) -> Dict[str, Any]:
@@ -571,15 +682,24 @@ class CheckpointManager:
             self._check_fits(entry, arrays, set(sharded.values()), os.path.join(directory, f"{entry.name}.safetensors"))
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
         sharded_files = self._verify_sharded_tree(directory, manifest) if sharded else {}
-        rank = self.backend.process_index
-        rng = None
-        if manifest.get("num_processes") == self.backend.num_processes:
-            name = f"rng_{rank}"
+        rank, saved = self.backend.process_index, manifest.get("num_processes")
+        if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
+            raise CheckpointError(f"{where}: num_processes is {saved!r}, not a process count." + see("no-rng-state"))
+        # The same count: this process's own streams. Another: every saving process's (see resolve_rng).
+        ranks = [rank] if saved == self.backend.num_processes else range(saved)
+        streams = []
+        for r in ranks:
+            name = f"rng_{r}"
             if name not in structures:
-                raise CheckpointError(f"{where}: has no RNG state for process {rank}; refusing to resume without it."
+                raise CheckpointError(f"{where}: has no RNG state for process {r}; refusing to resume without it."
                                       + see("no-rng-state"))
-            rng = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
-            self._check_rng(rng, os.path.join(directory, f"{name}.safetensors"))
+            state = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
+            self._check_rng(state, os.path.join(directory, f"{name}.safetensors"))
+            streams.append(state)
+        if saved == self.backend.num_processes:
+            rng = {**streams[0], "derived": {}, "differing": []}
+        else:
+            rng = resolve_rng(streams, rank)
         return manifest, states, rng, sharded_files
 
     def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
@@ -665,22 +785,26 @@ class CheckpointManager:
             random.setstate(scratch_random)
             np.random.set_state(scratch_numpy)
 
-    def _restore_rng(self, rng: Optional[Dict[str, Any]], manifest: Dict[str, Any]) -> None:
-        if rng is not None:
-            restore_host_rng(rng["host"])
-            self.backend.set_rng_state(rng["framework"])
-            return
-        # Another number of processes: per-process streams cannot be mapped one to one. The
-        # documented rule: re-derive every generator from (iteration, process index).
-        seed = zlib.crc32(f"unified/{manifest.get('iteration', 0)}/{self.backend.process_index}".encode())
-        random.seed(seed)
-        np.random.seed(seed)
-        self.backend.seed(seed)
-        if self.backend.process_index == 0:
+    def _restore_rng(self, rng: Dict[str, Any], manifest: Dict[str, Any]) -> None:
+        """Restore this process's streams as `resolve_rng` chose them; a derived stream is the
+        generator seeded with its derived seed (framework generators through `Backend.seed`)."""
+        derived: Dict[str, int] = rng["derived"]
+        framework = dict(rng["framework"])
+        for name in sorted(set(derived) - {"python", "numpy"}):
+            self.backend.seed(derived[name])
+            framework[name] = np.array(self.backend.rng_state()[name], copy=True)
+        restore_host_rng(rng["host"])
+        if "python" in derived:
+            random.seed(derived["python"])
+        if "numpy" in derived:
+            np.random.seed(derived["numpy"])
+        self.backend.set_rng_state(framework)
+        saved, count = manifest.get("num_processes"), self.backend.num_processes
+        if count > saved and self.backend.process_index == 0 and rng["differing"]:
             warnings.warn(
-                f"Checkpoint saved by {manifest.get('num_processes')} processes, loaded by "
-                f"{self.backend.num_processes}: parameters, optimizer and registered objects were restored; "
-                "the random generators were re-derived from (iteration, process index) instead of restored."
-                + see("rng-rederived"),
+                f"Checkpoint saved by {saved} processes, loaded by {count}: processes {saved} to {count - 1} had no "
+                f"saved state for the random generator(s) {', '.join(rng['differing'])}, which differed between the "
+                "saving processes; theirs were derived from the checkpoint (processes below "
+                f"{saved} continue their own streams)." + see("rng-rederived"),
                 stacklevel=3,
             )
