@@ -43,23 +43,21 @@ UNLINKED: Dict[Tuple[str, str], str] = {
     ("unified/checkpoint/codec.py", "levels deep (a container"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/data.py", "the data loader's epoch has"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+        "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("unified/data.py", "was not prepared from a batch sampler"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+        "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("unified/data.py", "the batch sampler gives"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("unified/data.py", "cannot resume after batch"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("unified/data.py", "cannot resume at sample"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("unified/data.py", "cannot resume an iterable stream"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+        "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
+    ("unified/data.py", "cannot resume after {seen}"):
+        "resume_position error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/jax/core.py", "expected keys"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("backends/jax/core.py", "the checkpoint has {host.dtype}"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/training_loop.py", "the checkpoint was saved with gradient_accumulation_steps"):
-        "load_state_dict error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
+        "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
+    ("unified/training_loop.py", "the checkpoint was saved inside an open gradient-accumulation window"):
+        "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/torch/loop.py", "AttributeError(name)"):
         "__getattr__ of a wrapper: the attribute protocol (not set yet while unpickling)",
     ("unified/data.py", "outside an epoch of"):
