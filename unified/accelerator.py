@@ -600,18 +600,26 @@ class Accelerator:
             require(self._backend, Autograd, "accelerator.backward()").backward(loss, **kwargs)
 
     def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
-        """Write the model's weights as ``model.safetensors`` (main process only; not a collective,
+        """Write the model's weights as one ``model.safetensors`` (main process only; not a collective,
         so it may be called under ``if accelerator.is_main_process:``). Call `wait_for_everyone`
-        first when other processes are still training.
+        first when other processes are still training. With ``fsdp_plugin`` the model is sharded:
+        then every process must call it (each sends its shards to the main process, which writes
+        the whole arrays into the one file).
 
         Example:
             >>> accelerator.wait_for_everyone()
             >>> accelerator.save_model(model, "final_model")
         """
         path = os.path.join(os.fspath(save_directory), "model.safetensors")
+        whole = None
+        if self.fsdp_plugin is not None:  # a sharded model: every process sends its shards, one array at a time
+            with self._collectives.watched():
+                whole = self._backend.consolidated_model_state(model)
         if self.is_main_process:
             os.makedirs(save_directory, exist_ok=True)
-            save_arrays(path, self._backend, require(self._backend, TrainingObjects, "save_model()").state_of("model", model))
+            if whole is None:
+                whole = require(self._backend, TrainingObjects, "save_model()").state_of("model", model)
+            save_arrays(path, self._backend, whole)
         return path
 
     # -- the training loop ----------------------------------------------------------------------

@@ -287,6 +287,12 @@ class ShardedTraining(abc.ABC):
     @abc.abstractmethod
     def configure_sharding(self, plugin: Any) -> None: ...
 
+    def consolidated_model_state(self, model: Any) -> Optional[Any]:
+        """A collective (every process calls it, `Accelerator.save_model`): the state of a sharded
+        ``model`` with whole arrays on the main process, for export; ``None`` when ``model`` is not
+        sharded (its ``state_of`` is then whole already)."""
+        return None
+
 
 class TrainingLoop(abc.ABC):
     """Mixed precision, gradient accumulation and clipping for the objects the backend prepares.

@@ -21,6 +21,7 @@ from unified.errors import DistributedError, first_line, see
 from unified.watchdog import CHANNEL_KINDS
 
 from .loop import PreparedScheduler, TorchTrainingLoop
+from .sharding import TorchSharding
 
 # A wait that has not finished after this long publishes the process's arrival in the
 # rendezvous store, so that a timeout can name the processes that never arrived.
@@ -47,8 +48,10 @@ class _StoreChannel:
         return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
 
 
-class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders, TorchTrainingLoop):
-    """torch.distributed started from torchrun's environment (or one plain process)."""
+class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders, TorchTrainingLoop,
+                   TorchSharding):
+    """torch.distributed started from torchrun's environment (or one plain process); FSDP2 with
+    ``Accelerator(fsdp_plugin=...)`` (see `backends.torch.sharding`)."""
 
     name = "torch"
 
@@ -264,7 +267,9 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
     def prepare(self, obj: Any):
         if isinstance(obj, torch.nn.Module):
             obj = self.loop_model(obj.to(self._device))
-            if self.num_processes > 1 and not isinstance(obj, DDP):
+            if self.sharding_enabled:
+                obj = self.shard_model(obj)
+            elif self.num_processes > 1 and not isinstance(obj, DDP):
                 has_grads = any(p.requires_grad for p in obj.parameters())
                 if has_grads:
                     obj = _DistributedModel(obj, device_ids=[self._device] if self._device.type == "cuda" else None)
@@ -272,6 +277,8 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
             self.loop_prepared_model(obj)
             return "model", obj
         if isinstance(obj, torch.optim.Optimizer):
+            if self.sharding_enabled:
+                self.sharded_optimizer(getattr(obj, "optimizer", obj))
             return "optimizer", self.loop_optimizer(obj)
         if (isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, PreparedScheduler))
                 or type(obj).__name__ == "ReduceLROnPlateau"):
@@ -347,6 +354,10 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         return model
 
     def state_of(self, kind: str, obj: Any) -> Any:
+        if self.sharding_enabled:
+            state = self.sharded_state_of(kind, obj)
+            if state is not None:
+                return state
         return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
 
     def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
@@ -359,6 +370,8 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
         tensors = [_tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x
                    for x in leaves]
+        if self.sharding_enabled and self.sharded_load_state_into(kind, obj, rebuild(tensors)):
+            return
         target = self.unwrap_model(obj) if kind == "model" else obj
         if kind == "model" and _take_over(target, rebuild(tensors)):
             return

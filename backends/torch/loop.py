@@ -89,6 +89,9 @@ class TorchTrainingLoop(TrainingLoop):
         return self._scaler.scale(loss) if self._scaler is not None else loss
 
     def no_sync(self, model: Any) -> Any:
+        sharded = self.sharded_no_sync(model) if getattr(self, "sharding_enabled", False) else None
+        if sharded is not None:
+            return sharded
         return model.no_sync() if isinstance(model, DDP) else contextlib.nullcontext()
 
     def _unscale(self) -> None:
@@ -104,6 +107,11 @@ class TorchTrainingLoop(TrainingLoop):
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> Any:
         self._unscale()
+        if getattr(self, "sharding_enabled", False):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            norm = self.sharded_clip_grad_norm_(parameters, max_norm, norm_type)
+            if norm is not None:
+                return norm
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> Any:
@@ -125,6 +133,13 @@ class TorchTrainingLoop(TrainingLoop):
             state["scaler"] = self._scaler.state_dict()
         if self._gradients.step == 0:
             return state
+        if getattr(self, "sharding_enabled", False) and self.sharded_models_open_window():
+            from unified.errors import CheckpointError, see
+
+            raise CheckpointError(
+                "save_state() inside an open gradient-accumulation window of a sharded (FSDP2) model: its partial "
+                "gradients live unsharded inside FSDP and are not saved. Save when accelerator.sync_gradients is "
+                "True (after the optimizer step)." + see("fsdp-accumulation-window"))
         gradients = {}
         for index, model in enumerate(self._loop_models):
             named = {name: p.grad.detach().clone() for name, p in self.unwrap_model(model).named_parameters()

@@ -1,0 +1,274 @@
+"""torch's sharded training: FSDP2 (``fully_shard``, DTensor parameters) and sharded checkpoints
+through ``torch.distributed.checkpoint`` with its safetensors storage (no pickle anywhere).
+
+Mixed into `TorchBackend`. The settings and every shared rule (manifest, verification, commit,
+RNG, data positions) are `unified`'s; this module only holds the torch primitives:
+
+- `shard_model`: ``fully_shard`` on the submodules the plugin's policy picks, then on the root,
+  over a 1-D device mesh of every process; optimizers that hold the model's original parameters
+  are re-pointed at the sharded ones (in either order of ``prepare``, as Accelerate does).
+- model and optimizer state through ``torch.distributed.checkpoint.state_dict``
+  (``get_*_state_dict`` / ``set_*_state_dict``): DTensor values keyed by parameter names, so a
+  checkpoint reshards onto any number of processes.
+- `save_sharded` / `load_sharded`: every process writes only its own shards with
+  ``HuggingFaceStorageWriter(save_distributed=True)`` (one safetensors file per process, the
+  offsets in its header; no ``.metadata`` pickle) and reads what it needs with
+  ``HuggingFaceStorageReader``.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from unified.backend import ShardedArrays, ShardedTraining
+from unified.errors import CheckpointError, see
+
+__all__ = ["TorchSharding"]
+
+_MIXED = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _dtensor() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+class TorchSharding(ShardedTraining, ShardedArrays):
+    """What `unified.backend.ShardedTraining` and `ShardedArrays` ask of torch."""
+
+    sharded_format = "dcp"
+    _fsdp_plugin: Optional[Any] = None
+
+    def configure_sharding(self, plugin: Any) -> None:
+        self._fsdp_plugin = plugin
+        self._fsdp_mesh: Optional[Any] = None
+        self._fsdp_models: List[Any] = []  # prepared models, sharded (or whole with one process)
+        self._fsdp_optimizers: List[Any] = []  # the users' optimizers, as prepared
+        # id(original parameter) -> (weak reference to it, the sharded parameter that replaced it)
+        self._fsdp_swaps: Dict[int, Any] = {}
+
+    @property
+    def sharding_enabled(self) -> bool:
+        return self._fsdp_plugin is not None
+
+    # -- preparing ---------------------------------------------------------------------------------
+    def _mesh_for_sharding(self) -> Any:
+        if self._fsdp_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._fsdp_mesh = init_device_mesh(self.device.type, (self.num_processes,))
+        return self._fsdp_mesh
+
+    def _wrap_targets(self, model: torch.nn.Module) -> List[torch.nn.Module]:
+        """The submodules the plugin's policy gives their own shard group, children first."""
+        plugin = self._fsdp_plugin
+        policy = plugin.auto_wrap_policy
+        if policy == "no_wrap":
+            return []
+        if callable(policy):
+            pick = policy
+        elif policy == "transformer_based_wrap":
+            names = set(plugin.transformer_cls_names_to_wrap)
+            found = {type(m).__name__ for m in model.modules()}
+            unknown = sorted(names - found)
+            if unknown:
+                raise ValueError(f"transformer_cls_names_to_wrap names {', '.join(unknown)}, which no layer of this "
+                                 f"model is (its classes: {', '.join(sorted(found)[:12])})." + see("fsdp-plugin"))
+            pick = lambda m: type(m).__name__ in names  # noqa: E731
+        else:  # size_based_wrap
+            pick = lambda m: sum(p.numel() for p in m.parameters()) >= plugin.min_num_params  # noqa: E731
+        return [m for m in reversed(list(model.modules())) if m is not model and pick(m)]
+
+    def shard_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``fully_shard`` by the plugin's policy, then the root (with one process the model stays
+        whole: there is nothing to shard over). Optimizers prepared before it are re-pointed."""
+        if self.num_processes > 1 and not _is_fsdp(model):
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            precision = _MIXED.get(self._loop.mixed_precision if getattr(self, "_loop", None) else "no")
+            options = dict(mesh=self._mesh_for_sharding(), reshard_after_forward=self._fsdp_plugin.reshard_after_forward,
+                           mp_policy=MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
+                           if precision is not None else MixedPrecisionPolicy())
+            before = dict(model.named_parameters())
+            for module in self._wrap_targets(model):
+                fully_shard(module, **options)
+            fully_shard(model, **options)
+            after = dict(model.named_parameters())
+            for name, old in before.items():
+                if after.get(name) is not None and after[name] is not old:
+                    self._fsdp_swaps[id(old)] = (weakref.ref(old), after[name])
+            for optimizer in self._fsdp_optimizers:
+                self._repoint(optimizer)
+        self._fsdp_models.append(model)
+        return model
+
+    def sharded_optimizer(self, optimizer: Any) -> None:
+        """Remember a prepared optimizer; point it at the sharded parameters (now, and when a
+        model it trains is prepared after it)."""
+        self._repoint(optimizer)
+        self._fsdp_optimizers.append(optimizer)
+
+    def _repoint(self, optimizer: Any) -> None:
+        for group in optimizer.param_groups:
+            params = []
+            for p in group["params"]:
+                swap = self._fsdp_swaps.get(id(p))
+                if swap is not None and swap[0]() is p:
+                    if optimizer.state.get(p):
+                        raise ValueError("this optimizer has already stepped on the model's unsharded parameters; "
+                                         "prepare the model (and the optimizer) before the first optimizer step."
+                                         + see("fsdp-optimizer"))
+                    p = swap[1]
+                params.append(p)
+            group["params"] = params
+
+    def _model_of(self, optimizer: Any) -> Optional[torch.nn.Module]:
+        """The prepared model whose parameters ``optimizer`` trains."""
+        ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for model in self._fsdp_models:
+            if any(id(p) in ids for p in model.parameters()):
+                return model
+        return None
+
+    # -- training loop -----------------------------------------------------------------------------
+    def sharded_no_sync(self, model: Any) -> Any:
+        """FSDP2's ``no_sync``: no reduce-scatter until the window closes."""
+        if not _is_fsdp(model):
+            return None
+
+        @contextlib.contextmanager
+        def no_sync() -> Any:
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+
+        return no_sync()
+
+    def sharded_clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float) -> Optional[torch.Tensor]:
+        """``clip_grad_norm_`` over DTensor gradients: the norm of the whole (sharded) gradient."""
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not any(isinstance(g, _dtensor()) for g in grads):
+            return None
+        total = torch.nn.utils.get_total_norm(grads, norm_type)
+        if isinstance(total, _dtensor()):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        return total
+
+    def sharded_models_open_window(self) -> bool:
+        return any(_is_fsdp(m) for m in self._fsdp_models)
+
+    # -- state ---------------------------------------------------------------------------------------
+    def sharded_state_of(self, kind: str, obj: Any) -> Optional[Any]:
+        """Model/optimizer state through torch's distributed state-dict API (names as keys,
+        DTensor values), or whole arrays with ``state_dict_type="FULL_STATE_DICT"``; ``None``
+        for objects it does not handle."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        full = self._fsdp_plugin.state_dict_type == "FULL_STATE_DICT" and self.num_processes > 1
+        if kind == "model":
+            model = self.unwrap_model(obj)
+            if not full:
+                return get_model_state_dict(model)
+            whole = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return whole if self.process_index == 0 else _placeholders(get_model_state_dict(model))
+        if kind == "optimizer":
+            inner = getattr(obj, "optimizer", obj)
+            model = self._model_of(inner)
+            if model is None:
+                return None
+            if not full:
+                return get_optimizer_state_dict(model, inner)
+            whole = get_optimizer_state_dict(model, inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return whole if self.process_index == 0 else _placeholders(get_optimizer_state_dict(model, inner))
+        return None
+
+    def sharded_load_state_into(self, kind: str, obj: Any, state: Any) -> bool:
+        """Restore what `sharded_state_of` gave; False for objects it does not handle."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        full = self._fsdp_plugin.state_dict_type == "FULL_STATE_DICT" and self.num_processes > 1
+        options = StateDictOptions(full_state_dict=full, strict=True)
+        if kind == "model":
+            set_model_state_dict(self.unwrap_model(obj), state, options=options)
+            return True
+        if kind == "optimizer":
+            inner = getattr(obj, "optimizer", obj)
+            model = self._model_of(inner)
+            if model is None:
+                return False
+            set_optimizer_state_dict(model, inner, state, options=options)
+            return True
+        return False
+
+    def consolidated_model_state(self, model: Any) -> Optional[Dict[str, Any]]:
+        """Every process calls it: the model's whole tensors, gathered one at a time onto the
+        main process's CPU (empty elsewhere); ``None`` for a model that is not sharded."""
+        model = self.unwrap_model(model)
+        if not _is_fsdp(model):
+            return None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    # -- sharded arrays in checkpoints -------------------------------------------------------------
+    def is_sharded(self, value: Any) -> bool:
+        if self._fsdp_plugin is None or not isinstance(value, _dtensor()):
+            return False
+        from torch.distributed.tensor import Shard
+
+        return any(isinstance(p, Shard) for p in value.placements)
+
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
+        """Every process writes its own shards: one safetensors file each (no pickle)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+        dcp.save(dict(arrays), storage_writer=HuggingFaceStorageWriter(directory, save_distributed=True))
+
+    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);
+        the live ones are untouched until everything was read and checked."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+        target = {key: torch.empty_like(value) for key, value in like.items()}
+        try:
+            dcp.load(target, storage_reader=HuggingFaceStorageReader(directory))
+        except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError, AssertionError, OSError) as err:
+            raise CheckpointError(f"{directory}: the sharded arrays cannot be read into this run's objects "
+                                  f"({_first_line(err)}); nothing was restored." + see("sharded-load-failed")) from err
+        return target
+
+
+def _is_fsdp(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _placeholders(state: Any) -> Any:
+    """``state`` with every DTensor replaced by a meta tensor of its global shape and dtype (what
+    a non-main process describes of a full-state checkpoint, without holding the arrays)."""
+    DTensor = _dtensor()
+    if isinstance(state, DTensor):
+        return torch.empty(state.shape, dtype=state.dtype, device="meta")
+    if isinstance(state, dict):
+        return {k: _placeholders(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_placeholders(v) for v in state)
+    return state
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
