@@ -24,6 +24,7 @@ from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoade
                              TrainingObjects)
 from unified.environment import ProcessEnvironment, cluster_local_process
 from unified.errors import DistributedError, see
+from unified.network import route_to
 
 from .loop import JaxTrainingLoop
 
@@ -72,6 +73,26 @@ def _no_service_here(active: bool) -> Iterator[None]:
         yield
     finally:
         distributed._jax.get_distributed_runtime_service = original
+
+
+@contextlib.contextmanager
+def _gloo_bound_to(address: Optional[str]) -> Iterator[None]:
+    """While the CPU client is made, give JAX's gloo collectives ``address`` to bind and announce.
+
+    Without it gloo takes the address the host name resolves to, a loopback address on many
+    machines, which no other machine can reach (see unified/network.py)."""
+    if address is None:
+        yield
+        return
+    from jax._src import xla_bridge
+
+    original = xla_bridge._jax.make_gloo_tcp_collectives
+    xla_bridge._jax.make_gloo_tcp_collectives = lambda *args, **kwargs: original(
+        *args, **{**kwargs, "hostname": kwargs.get("hostname") or address})
+    try:
+        yield
+    finally:
+        xla_bridge._jax.make_gloo_tcp_collectives = original
 
 
 def _detach_runtime() -> None:
@@ -153,7 +174,9 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             self._owns_runtime = True
             atexit.register(self.shutdown)  # runs before JAX's own exit hook (LIFO)
         self._client = global_state.client
-        self.process_index = jax.process_index()
+        route = route_to(address.rsplit(":", 1)[0]) if address else None
+        with _gloo_bound_to(route[0] if route else None):  # the CPU client is made here
+            self.process_index = jax.process_index()
         self.num_processes = jax.process_count()
         self.local_process_index = env.local_process_index
         self.local_num_processes = env.local_num_processes

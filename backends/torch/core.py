@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import time
 import warnings
 import weakref
@@ -18,6 +19,7 @@ from unified.backend import ArrayCollectives, Autograd, Backend, ForeignLoaders,
 from unified.checkpoint.safetensors_io import DTYPE_NAMES
 from unified.environment import ProcessEnvironment
 from unified.errors import DistributedError, first_line, see
+from unified.network import route_to
 from unified.watchdog import CHANNEL_KINDS
 
 from .loop import PreparedScheduler, TorchTrainingLoop
@@ -48,6 +50,17 @@ class _StoreChannel:
         return {name: value.decode() for name, value in zip(present, self._store.multi_get(present))} if present else {}
 
 
+def _bind_gloo_to_the_route_to_the_main_process() -> None:
+    """gloo binds the address its host name resolves to, a loopback address on many machines
+    (which no other machine can reach): bind the interface that reaches MASTER_ADDR instead,
+    unless ``GLOO_SOCKET_IFNAME`` says otherwise (see unified/network.py)."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    route = route_to(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    if route is not None and route[1] is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = route[1]
+
+
 class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders, TorchTrainingLoop,
                    TorchSharding):
     """torch.distributed started from torchrun's environment (or one plain process); FSDP2 with
@@ -76,6 +89,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         if not distributed:
             return
         if not dist.is_initialized():
+            _bind_gloo_to_the_route_to_the_main_process()
             dist.init_process_group(
                 "nccl" if cuda else "gloo",
                 timeout=datetime.timedelta(seconds=timeout),
