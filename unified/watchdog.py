@@ -12,11 +12,11 @@ survivor hangs" for such backends, through a small key-value channel the backend
 - when a peer failed or is lost and this process's own code has not met an error within
   ``grace`` seconds, the process is stuck (or would be at its next collective): the watchdog
   prints why on stderr and ends it with exit code 1;
-- at exit, a process whose group broke leaves through ``os._exit(1)``: finalizers of arrays
-  whose computation waits on a dead peer would otherwise block the interpreter's shutdown;
+- at exit, a process whose group broke leaves through ``os._exit(1)`` (exit code 1 even when its
+  script caught the error: a launcher and a scheduler must see the run failed): finalizers of
+  arrays whose computation waits on a dead peer would otherwise block the interpreter's shutdown;
 - a process that saw its group break (its own error, a peer's failure, a lost peer) says so in
-  `unified launch`'s status folder, so that the launcher never reports success for the group,
-  even when every process of this machine caught the error and exited with 0.
+  `unified launch`'s status folder, so that the launcher never reports success for the group.
 """
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional, Protocol
+from typing import Callable, Dict, Optional, Protocol, TypeVar
 
 from .errors import first_line, see
 from .preemption import record_status
 
 __all__ = ["CHANNEL_KINDS", "HealthChannel", "Watchdog"]
+
+T = TypeVar("T")
 
 
 # What the processes of a group post on their health channel, each under ``<kind>/<process index>``:
@@ -50,6 +52,34 @@ class HealthChannel(Protocol):
 
     def read(self) -> Dict[str, str]:
         """Every name posted by any process, with its value."""
+
+
+# After the service stopped answering, the process's own error may come this many graces later.
+UNANSWERED_GRACE = 3.0
+# How long a process's own call to the channel (its failure, its goodbye) may block it.
+POST_WAIT_SECONDS = 1.0
+
+
+def _bounded(call: Callable[[], T], seconds: float) -> T:
+    """``call()``, run in a daemon thread; `TimeoutError` when it has not returned after ``seconds``
+    (it is then left blocked: a channel whose service is out of reach blocks, it does not fail)."""
+    done = threading.Event()
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            outcome.append((False, err))
+        done.set()
+
+    threading.Thread(target=run, name="unified-watchdog-call", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:g}s")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _hard_exit(message: str, code: int = 1) -> None:
@@ -112,9 +142,9 @@ class Watchdog:
             self._thread.join(timeout=2.0)  # no RPC of ours may overlap the backend's shutdown
         if sys.excepthook == self._uncaught:
             sys.excepthook = self._previous_hook
-        if self.broken:  # exit code: 1 after an uncaught exception, else 0 (sys.exit codes are not visible here)
+        if self.broken:  # exit code 1 even when the script caught the error: its group broke, the run failed
             self._exit(f"{self._who()} unified: exiting without finalizers because the process group broke "
-                       "(they could wait forever on a dead peer).", 1 if self._uncaught_seen else 0)
+                       "(they could wait forever on a dead peer); exit code 1.", 1)
         self._post(f"bye/{self.rank}", "1")
 
     def report(self, error: BaseException) -> None:
@@ -131,9 +161,9 @@ class Watchdog:
 
     def _post(self, name: str, value: str) -> bool:
         try:
-            self.channel.post(name, value)
+            _bounded(lambda: self.channel.post(name, value), POST_WAIT_SECONDS)
             return True
-        except Exception:  # the service may be gone; the main thread's collectives will say so
+        except Exception:  # the service may be gone or out of reach; the main thread's collectives will say so
             return False
 
     # -- the thread ---------------------------------------------------------------------------------
@@ -147,12 +177,18 @@ class Watchdog:
             beat += 1
             now = time.monotonic()
             try:
-                self.channel.post(f"alive/{self.rank}", str(beat))
-                posted = self.channel.read()
+                # bounded: a service out of reach (a cut link) blocks a call instead of failing it
+                left = max(self.interval, self.timeout - (now - answered_at))
+                _bounded(lambda: self.channel.post(f"alive/{self.rank}", str(beat)), left)
+                posted = _bounded(self.channel.read, left)
                 answered_at = now
             except Exception:
                 if now - answered_at > self.timeout and not self._acknowledged:
-                    self._give_up(f"the coordination service has not answered for {self.timeout:g}s")
+                    # this process's own collective, timed out by the same clock, may first spend a
+                    # moment asking the (unreachable) service who is missing: let it raise
+                    if not self._stop.wait(UNANSWERED_GRACE * self.grace) and not self._acknowledged:
+                        self._give_up(f"the coordination service has not answered for {self.timeout:g}s")
+                    return
                 continue
             if self._acknowledged:
                 return
@@ -176,7 +212,10 @@ class Watchdog:
                 who = ", ".join(map(str, lost))
                 reason = f"process {who} stopped responding (no heartbeat for {self.timeout:g}s)"
                 self._post(f"failed/{self.rank}", reason)
-                self._give_up(reason)
+                # this process's own collective, timed out by the same clock, is about to raise:
+                # let it, as for a failure reported by a peer
+                if not self._stop.wait(self.grace) and not self._acknowledged:
+                    self._give_up(reason)
                 return
 
     def _give_up(self, reason: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import threading
 import time
 import warnings
 import weakref
@@ -30,6 +31,8 @@ from .sharding import TorchSharding
 _ARRIVAL_PROBE_S = 1.0
 # After a peer's disconnection, how long survivors wait for each other's arrival notes.
 _DIAGNOSE_GRACE_S = 2.0
+# How long a failed collective waits for the rendezvous store's answer about who arrived.
+_STORE_ANSWER_S = 2.0
 # Busy polls of a collective before sleeping between polls, and the longest sleep.
 _SPIN_POLLS = 20000
 _MAX_SLEEP_S = 0.005
@@ -132,8 +135,8 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
             if polls > _SPIN_POLLS:  # spin through fast collectives, then back off gently
                 time.sleep(min(_MAX_SLEEP_S, (polls - _SPIN_POLLS) * 1e-4))
                 now = time.monotonic()
-                if not published and now >= probe_at:
-                    self._publish_arrival(key)
+                if not published and now >= probe_at:  # in a thread: a store out of reach must not block us
+                    threading.Thread(target=self._publish_arrival, args=(key,), daemon=True).start()
                     published = True
                 if now >= deadline:
                     self._fail(key, timeout, TimeoutError(f"not completed after {timeout:g}s"), grace=0.0)
@@ -150,20 +153,34 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     def _fail(self, key: str, timeout: float, err: Exception, grace: float) -> None:
         self._mark_broken()
+        found: Dict[str, Optional[List[int]]] = {}
+        # The store lives on the main process's machine: when this machine lost its link to it,
+        # every call blocks (for the store's own timeout, minutes). Ask from a thread, wait a bit.
+        asking = threading.Thread(target=self._missing, args=(key, grace, found), daemon=True)
+        asking.start()
+        asking.join(grace + _STORE_ANSWER_S)
+        source = "torch.distributed"
+        if asking.is_alive():
+            address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+            source = (f"the rendezvous store at {address} (process 0's machine) did not answer within "
+                      f"{_STORE_ANSWER_S:g}s: this machine may have lost its network link to it; torch.distributed")
+        raise timeout_error(self, key, timeout, err, found.get("missing"), source) from err
+
+    def _missing(self, key: str, grace: float, found: Dict[str, Optional[List[int]]]) -> None:
+        """The processes that did not publish their arrival at ``key`` (waiting up to ``grace`` for
+        late notes), into ``found["missing"]``; nothing when the store cannot be asked."""
         self._publish_arrival(key)
         names = [f"{key}/{rank}" for rank in range(self.num_processes)]
-        missing: Optional[List[int]] = None
         deadline = time.monotonic() + grace
         while True:
             try:
                 missing = [r for r, name in enumerate(names) if not self._store.check([name])]
             except Exception:
-                missing = None
-                break
+                return
             if not missing or time.monotonic() >= deadline:
-                break
+                found["missing"] = missing or None
+                return
             time.sleep(0.05)
-        raise timeout_error(self, key, timeout, err, missing or None, "torch.distributed") from err
 
     def _mark_broken(self) -> None:
         """Keep the process groups alive forever: their destructors wait for the failed

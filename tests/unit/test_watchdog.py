@@ -17,14 +17,20 @@ class DictChannel:
         self.values: Dict[str, str] = {}
         self.lock = threading.Lock()
         self.down = False
+        self.hang = threading.Event()  # set: every call blocks, as with a service out of reach
+        self.release = threading.Event()
 
     def post(self, name: str, value: str) -> None:
+        if self.hang.is_set():
+            self.release.wait(30)
         if self.down:
             raise ConnectionError("service gone")
         with self.lock:
             self.values[name] = value
 
     def read(self) -> Dict[str, str]:
+        if self.hang.is_set():
+            self.release.wait(30)
         if self.down:
             raise ConnectionError("service gone")
         with self.lock:
@@ -75,8 +81,9 @@ def test_a_process_that_met_the_error_itself_is_left_alone():
         assert dog.broken
     finally:
         dog.close(), peer.close()
-    # at exit, a process whose group broke leaves without finalizers (exit code 0: no uncaught error)
-    assert "exiting without finalizers" in exits.messages[0] and exits.codes == [0]
+    # at exit, a process whose group broke leaves without finalizers, with exit code 1 even though
+    # its script caught the error (a launcher must not report a broken run as a success)
+    assert "exiting without finalizers" in exits.messages[0] and exits.codes == [1]
 
 
 def test_silent_peer_is_lost_after_the_timeout_and_the_reason_is_posted():
@@ -89,6 +96,21 @@ def test_silent_peer_is_lost_after_the_timeout_and_the_reason_is_posted():
         assert time.monotonic() - start >= 0.5
         assert "process 1 stopped responding (no heartbeat for 0.5s)" in exits.messages[0]
         assert "stopped responding" in channel.values["failed/0"]
+    finally:
+        dog.close()
+
+
+def test_a_process_whose_own_collective_times_out_with_the_lost_heartbeat_is_left_alone():
+    """A frozen or cut-off peer: the heartbeat and this process's barrier time out on the same clock;
+    the barrier's error (which names the missing process) must win, not the watchdog's exit."""
+    channel = DictChannel()
+    dog, exits = make(channel, 0, timeout=0.3, grace=0.5)
+    dog.start()  # process 1 never beats
+    try:
+        time.sleep(0.45)  # the peer is declared lost at ~0.3 s; this process raises on its own just after
+        dog.report(RuntimeError("wait_for_everyone #4 timed out after 0.3s; process 1 did not arrive"))
+        assert not exits.event.wait(1.0), exits.messages
+        assert "process 1" in channel.values["failed/0"]
     finally:
         dog.close()
 
@@ -116,6 +138,27 @@ def test_lost_service_ends_the_process_after_the_timeout():
         assert exits.event.wait(5)
         assert "the coordination service has not answered for 0.4s" in exits.messages[0]
     finally:
+        dog.close()
+
+
+def test_a_service_out_of_reach_blocks_neither_the_report_nor_the_decision():
+    """A cut link: calls to the service block (they do not fail). Reporting this process's own
+    error returns at once, and a process that met no error is ended after the timeout."""
+    channel = DictChannel()
+    dog, exits = make(channel, 0, timeout=0.4)
+    dog.start()
+    try:
+        channel.hang.set()
+        start = time.monotonic()
+        assert exits.event.wait(5)
+        assert "has not answered for 0.4s" in exits.messages[0]
+        assert time.monotonic() - start < 3
+        quiet, _ = make(channel, 1, timeout=0.4)
+        start = time.monotonic()
+        quiet.report(RuntimeError("wait_for_everyone #2 timed out"))
+        assert time.monotonic() - start < 2.5
+    finally:
+        channel.release.set()
         dog.close()
 
 
