@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import queue
+import threading
 import os
 import re
 import sys
@@ -29,6 +31,9 @@ from unified.network import route_to
 from .loop import JaxTrainingLoop
 
 _PREFIX = "unified/"
+# A coordination-service call gets its answer at its deadline at the latest; past this margin
+# the service is out of reach.
+_SERVICE_MARGIN_S = 2.0
 
 
 def _cluster_detected() -> bool:
@@ -111,6 +116,38 @@ def _detach_runtime() -> None:
         setattr(global_state, name, None)
 
 
+class _NoAnswer(Exception):
+    pass
+
+
+class _Caller:
+    """Runs calls one at a time on a daemon thread (never joined at exit, unlike an executor's),
+    so that the caller can stop waiting for one that blocks."""
+
+    def __init__(self) -> None:
+        self._work: "queue.Queue" = queue.Queue()
+        threading.Thread(target=self._run, name="unified-jax-call", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            call, done, outcome = self._work.get()
+            try:
+                outcome.append((True, call()))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                outcome.append((False, err))
+            done.set()
+
+    def call(self, call: Any, seconds: float) -> Any:
+        done, outcome = threading.Event(), []
+        self._work.put((call, done, outcome))
+        if not done.wait(seconds):
+            raise _NoAnswer()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+
 class _KeyValueChannel:
     """The watchdog's channel: keys under ``prefix`` in the coordination service."""
 
@@ -139,6 +176,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self._owns_runtime = False
         self._external_service = False
         self._stale_keys: List[str] = []
+        self._calls: Optional[_Caller] = None
         self._key_seed = 0
         self._key_counter = 0
         self._mesh: Any = None
@@ -208,9 +246,24 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
     def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> Exception:
         return timeout_error(self, key, timeout, err, missing, "jax coordination service")
 
+    def _answered(self, call: Any, key: str, timeout: float) -> Any:
+        """``call()``, bounded: the coordination client's calls carry no deadline of their own on
+        the wire, so on a machine that lost its link to the service they block for good."""
+        if self._calls is None:
+            self._calls = _Caller()
+        try:
+            return self._calls.call(call, timeout + _SERVICE_MARGIN_S)
+        except _NoAnswer:
+            address = ProcessEnvironment.from_env().coordinator or "?"
+            err = TimeoutError(f"the coordination service at {address} (process 0's machine) did not answer "
+                               f"within {timeout + _SERVICE_MARGIN_S:g}s: this machine may have lost its network link to it")
+            raise self._timeout_error(key, timeout, err, None) from None
+
     def barrier(self, key: str, timeout: float) -> None:
         try:
-            self._client.wait_at_barrier(self._prefix + key, int(timeout * 1000))
+            self._answered(lambda: self._client.wait_at_barrier(self._prefix + key, int(timeout * 1000)), key, timeout)
+        except DistributedError:
+            raise
         except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED or a lost coordinator
             raise self._timeout_error(key, timeout, err, _missing_from_message(str(err))) from err
         self._drop_stale_keys()
@@ -228,7 +281,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         directory = f"{self._prefix}flag/{key}/"
         if flag:
             mine = f"{directory}{self.process_index}"
-            self._client.key_value_set(mine, "1")
+            self._answered(lambda: self._client.key_value_set(mine, "1"), key, timeout)
         self.barrier(key, timeout)
         if flag:
             self._stale_keys.append(mine)
@@ -237,7 +290,9 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
     def _get_bytes(self, name: str, owner: int, key: str, timeout: float) -> bytes:
         try:
-            return self._client.blocking_key_value_get_bytes(name, int(timeout * 1000))
+            return self._answered(lambda: self._client.blocking_key_value_get_bytes(name, int(timeout * 1000)), key, timeout)
+        except DistributedError:
+            raise
         except Exception as err:
             raise self._timeout_error(key, timeout, err, [owner]) from err
 
