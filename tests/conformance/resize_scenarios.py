@@ -81,14 +81,14 @@ def _setup(state: dict):
     return acc, run, loader, stream
 
 
-def _window_setup():
+def _window_setup(backend: str):
     """A training-loop setup with gradient accumulation (None on a backend without one)."""
     from loop_scenarios import _loader, _setup as loop_setup
     from profiles import profile
 
-    acc = Accelerator(timeout=60, seed=1, gradient_accumulation_steps=2)
-    if profile(acc.backend).loop_setup is None:
+    if profile(backend).loop_setup is None:
         return None
+    acc = Accelerator(timeout=60, seed=1, gradient_accumulation_steps=2)
     return acc, loop_setup(acc), _loader(acc, BATCH, n=SAMPLES)
 
 
@@ -125,7 +125,7 @@ def resize_save_2(state: dict) -> dict:
             acc.save_state(_shared("at8"))
     acc.save_state(_shared("at12"))
     out = {"order": order, "hash": state_hash(acc), "draws": run.draws()}
-    window = _window_setup()
+    window = _window_setup(acc.backend)
     if window is None:
         return {**out, "window": "not run"}
     wacc, setup, wloader = window
@@ -161,7 +161,7 @@ def resize_load_3(state: dict) -> dict:
     out["saved_draws"] = run.draws()
     run.step()
     out["trained_hash"] = state_hash(acc)
-    window = _window_setup()
+    window = _window_setup(acc.backend)
     if window is None:
         return {**out, "window": "not run"}
     wacc, setup, wloader = window
