@@ -28,6 +28,7 @@ class Profile:
         torch_loaders: the backend prepares torch DataLoaders (custom samplers, metrics scenarios).
         health_channel: the backend has a `Backend.health_channel` in a process group, through
             which a process that cannot write its part of an async save tells the others at once.
+        sharded_training: run the sharded-training scenarios (``fsdp_plugin``, test_sharding.py).
     """
 
     training: str
@@ -36,11 +37,13 @@ class Profile:
     loop_setup: Optional[str] = None
     torch_loaders: bool = False
     health_channel: bool = True
+    sharded_training: bool = False
 
 
 _BUILT_IN: Dict[str, Profile] = {
     "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True,
-                     loop_setup="loop_scenarios:TorchSetup", torch_loaders=True),
+                     loop_setup="loop_scenarios:TorchSetup", torch_loaders=True,
+                     sharded_training=True),
     "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup", torch_loaders=True),
 }
 
