@@ -12,7 +12,7 @@ from .collectives import Collectives
 from .config import DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
-from .checkpoint.files import save_arrays
+from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
 from .metrics import Metrics
@@ -602,24 +602,40 @@ class Accelerator:
     def save_model(self, model: Any, save_directory: str, safe_serialization: bool = True, **kwargs: Any) -> str:
         """Write the model's weights as one ``model.safetensors`` (main process only; not a collective,
         so it may be called under ``if accelerator.is_main_process:``). Call `wait_for_everyone`
-        first when other processes are still training. With ``fsdp_plugin`` the model is sharded:
-        then every process must call it (each sends its shards to the main process, which writes
-        the whole arrays into the one file).
+        first when other processes are still training.
+
+        With ``fsdp_plugin`` and several processes the weights are split across processes: then
+        every process must call it (as with Accelerate's FSDP). Each array is gathered whole, one
+        at a time, and the main process writes one consolidated file (for export and inference).
 
         Example:
             >>> accelerator.wait_for_everyone()
             >>> accelerator.save_model(model, "final_model")
         """
         path = os.path.join(os.fspath(save_directory), "model.safetensors")
-        whole = None
-        if self.fsdp_plugin is not None:  # a sharded model: every process sends its shards, one array at a time
-            with self._collectives.watched():
-                whole = self._backend.consolidated_model_state(model)
-        if self.is_main_process:
-            os.makedirs(save_directory, exist_ok=True)
-            if whole is None:
-                whole = require(self._backend, TrainingObjects, "save_model()").state_of("model", model)
-            save_arrays(path, self._backend, whole)
+        state = require(self._backend, TrainingObjects, "save_model()").state_of("model", model)
+        if self.fsdp_plugin is None or self.num_processes == 1:
+            if self.is_main_process:
+                os.makedirs(save_directory, exist_ok=True)
+                save_arrays(path, self._backend, state)
+            return path
+        sharded = require(self._backend, ShardedTraining, "save_model() of a sharded model")
+        failure: Optional[BaseException] = None
+        try:
+            if self.is_main_process:
+                os.makedirs(save_directory, exist_ok=True)
+        except OSError as err:
+            failure = err
+        try:
+            save_arrays_gathered(path if self.is_main_process and failure is None else None, self._backend, state,
+                                 lambda value, name: self._collectives.keyed(
+                                     f"save_model ({name})", lambda key, timeout: sharded.full_array(value, key, timeout)))
+        except (OSError, ValueError) as err:
+            failure = err
+        failed = self._collectives.share_failure(failure, "save_model (written)")
+        if failed:
+            raise CheckpointError(f"save_model({save_directory!r}) failed on process {failed[0][0]}: {failed[0][1]}"
+                                  + see("save-model-failed"))
         return path
 
     # -- the training loop ----------------------------------------------------------------------

@@ -287,11 +287,12 @@ class ShardedTraining(abc.ABC):
     @abc.abstractmethod
     def configure_sharding(self, plugin: Any) -> None: ...
 
-    def consolidated_model_state(self, model: Any) -> Optional[Any]:
-        """A collective (every process calls it, `Accelerator.save_model`): the state of a sharded
-        ``model`` with whole arrays on the main process, for export; ``None`` when ``model`` is not
-        sharded (its ``state_of`` is then whole already)."""
-        return None
+    def full_array(self, value: Any, key: str, timeout: float) -> Any:
+        """A host NumPy copy of the whole of ``value``, one array of a prepared model, on every
+        process: a collective when its parts live on several processes (``save_model`` of a
+        sharded model calls it on every process, one array at a time). This default suits
+        arrays every process holds whole."""
+        return self.to_numpy(value)  # type: ignore[attr-defined]
 
 
 class TrainingLoop(abc.ABC):

@@ -59,6 +59,12 @@ class Collectives:
         return self.backend.num_processes == 1
 
     # -- control plane ------------------------------------------------------------------------
+    def keyed(self, operation: str, function: Callable[[str, float], Any]) -> Any:
+        """``function(key, timeout)``: a backend collective run with this call's unique key and
+        the default timeout, watched (a `DistributedError` from it means the group broke)."""
+        with self.watched():
+            return function(self._key(operation), self.timeout)
+
     def barrier(self, operation: str = "wait_for_everyone", timeout: Optional[float] = None) -> None:
         if self.single:
             return

@@ -14,7 +14,7 @@ import threading
 import os
 import re
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 
 from backends.common import keep_alive_forever, next_instance, timeout_error
 from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
-                             TrainingObjects)
+                             ShardedTraining, TrainingObjects)
 from unified.environment import ProcessEnvironment, cluster_local_process
 from unified.errors import DistributedError, see
 from unified.network import route_to
@@ -161,8 +161,8 @@ class _KeyValueChannel:
         return {key.rsplit(self._prefix, 1)[-1]: value for key, value in self._client.key_value_dir_get(self._prefix)}
 
 
-class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ForeignLoaders,
-                 JaxTrainingLoop):
+class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ShardedTraining,
+                 ForeignLoaders, JaxTrainingLoop):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
@@ -180,6 +180,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self._key_seed = 0
         self._key_counter = 0
         self._mesh: Any = None
+        self._shard_plugin: Any = None  # set by configure_sharding: prepare shards instead of replicating
         self._prefix = f"{_PREFIX}{next_instance()}/"
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -418,6 +419,21 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             self._mesh = Mesh(np.array(jax.devices()), ("data",))
         return self._mesh
 
+    def configure_sharding(self, plugin: Any) -> None:
+        """From now on `prepare` splits NNX parameters and optimizer state over the mesh
+        (see `backends.jax.sharding` for the rule) instead of replicating them."""
+        self._shard_plugin = plugin
+
+    def full_array(self, value: Any, key: str, timeout: float) -> np.ndarray:
+        """The whole of one array on every process: an array split across processes is gathered
+        (all processes meet at a timed barrier first: the gather itself cannot time out)."""
+        if _is_key(value):
+            value = jax.random.key_data(value)
+        if not _is_global(value) or value.is_fully_replicated:
+            return _host_copy(value)
+        self.barrier(f"{key} (arrival)", timeout)
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
     def prepare(self, obj: Any):
         from flax import nnx
 
@@ -427,20 +443,42 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             kind = "model"
         else:
             return None
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        replicated = NamedSharding(self.mesh, PartitionSpec())
         current = nnx.state(obj).to_pure_dict()
-        host = jax.tree_util.tree_map(_host_copy, current)
-        if self.num_processes > 1:  # every process starts from process 0's values, as DDP does
+        leaves, treedef = jax.tree_util.tree_flatten(current)
+        # Arrays already split across processes (a model built sharded) are resharded as they are;
+        # every other leaf starts from process 0's values on every process, as DDP does.
+        local = [i for i, leaf in enumerate(leaves) if not _is_global(leaf)]
+        host = [_host_copy(leaves[i]) for i in local]
+        if self.num_processes > 1:
             self.barrier(f"prepare {kind} (arrival)", 600.0)
-            host = jax.tree_util.tree_map(np.asarray, multihost_utils.broadcast_one_to_all(host))
-        self._write_back(obj, current, host, lambda like: replicated)
+            host = [np.asarray(h) for h in multihost_utils.broadcast_one_to_all(host)]
+        for i, value in zip(local, host):
+            leaves[i] = value
+        self._write_back(obj, current, jax.tree_util.tree_unflatten(treedef, leaves), self._placement(obj))
         if kind == "model":
             self.loop_model(obj)
         else:
             self.loop_optimizer(obj)
         return kind, obj
+
+    def _placement(self, obj: Any):
+        """``(like, path) -> sharding`` of every leaf of a prepared object: replicated, or with a
+        plugin split over the mesh by `backends.jax.sharding`'s rule."""
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        if self._shard_plugin is None:
+            return lambda like, path: replicated
+        from .sharding import annotations, partition_spec
+
+        annotated, devices = annotations(obj), self.mesh.devices.size
+
+        def sharding_of(like: Any, path: Tuple[Any, ...]) -> Any:
+            if _is_key(like) or not hasattr(like, "shape"):
+                return replicated
+            return NamedSharding(self.mesh, partition_spec(tuple(like.shape), devices, annotated.get(path)))
+
+        return sharding_of
 
     def state_of(self, kind: str, obj: Any) -> Any:
         from flax import nnx
@@ -456,25 +494,38 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             obj.load_state_dict(state)
             return
         current = nnx.state(obj).to_pure_dict()
-        self._write_back(obj, current, state, lambda like: like.sharding)
+        self._write_back(obj, current, state, lambda like, path: like.sharding)
 
     def _write_back(self, obj: Any, current: Any, values: Any, sharding_of) -> None:
-        """Put host ``values`` (same tree as ``current``) into ``obj`` in place, leaf by leaf."""
+        """Put ``values`` (same tree as ``current``; host arrays, or global arrays such as Orbax
+        restores) into ``obj`` in place, leaf by leaf, each placed as ``sharding_of(like, path)``."""
         from flax import nnx
 
-        def merge(like: Any, value: Any, path: str) -> Any:
+        def merge(like: Any, value: Any, path: Tuple[Any, ...]) -> Any:
             if isinstance(like, dict):
                 if not isinstance(value, dict) or set(like) != set(value):
                     got = sorted(map(str, value)) if isinstance(value, dict) else type(value).__name__
-                    raise ValueError(f"{path or 'state'}: expected keys {sorted(map(str, like))}; found {got}")
-                return {k: merge(like[k], value[k], f"{path}/{k}") for k in like}
-            if isinstance(value, jax.Array) and not value.is_fully_addressable:  # restored by Orbax
-                return value
-            return _place(np.asarray(value), like, sharding_of(like), path)
+                    where = "/".join(map(str, path)) or "state"
+                    raise ValueError(f"{where}: expected keys {sorted(map(str, like))}; found {got}")
+                return {k: merge(like[k], value[k], path + (k,)) for k in like}
+            sharding = sharding_of(like, path)
+            if _is_global(value):  # already split across processes (restored by Orbax, or built so)
+                return value if value.sharding == sharding else _reshard(value, sharding)
+            return _place(np.asarray(value), like, sharding, "/".join(map(str, path)))
 
         state = nnx.state(obj)
-        nnx.replace_by_pure_dict(state, merge(current, values, ""))
+        nnx.replace_by_pure_dict(state, merge(current, values, ()))
         nnx.update(obj, state)
+
+
+def _is_global(value: Any) -> bool:
+    """A `jax.Array` with parts on other processes (this process cannot copy it whole)."""
+    return isinstance(value, jax.Array) and not value.is_fully_addressable
+
+
+def _reshard(value: Any, sharding: Any) -> Any:
+    """``value`` moved to ``sharding`` on the devices (a collective inside ``jit``; no host copy)."""
+    return jax.jit(lambda x: x, out_shardings=sharding)(value)
 
 
 def _is_key(value: Any) -> bool:

@@ -119,8 +119,11 @@ class JaxTrainingLoop(TrainingLoop):
         params = self._parameters_of(optimizer)
         inner = nnx.as_pure(optimizer.opt_state)
         optimizer.tx = accumulate_gradients(optimizer.tx, steps)
-        fresh = jax.tree.map(self._replicated, optimizer.tx.init(params)._replace(inner=()))
-        optimizer.opt_state = nnx.data(to_opt_state(fresh._replace(inner=inner)))
+        # the window's sums live where their parameters live (split over the mesh when sharded)
+        sums = jax.tree.map(lambda p: jax.jit(jnp.zeros_like, out_shardings=p.sharding)(p), params)
+        fresh = AccumulationState(self._replicated(np.zeros([], np.int32)), sums, inner,
+                                  self._replicated(np.zeros([], np.bool_)))
+        optimizer.opt_state = nnx.data(to_opt_state(fresh))
         optimizer._unified_accumulating = steps
         self._accumulating.append(optimizer)
 

@@ -210,15 +210,13 @@ class TorchSharding(ShardedTraining, ShardedArrays):
             return True
         return False
 
-    def consolidated_model_state(self, model: Any) -> Optional[Dict[str, Any]]:
-        """Every process calls it: the model's whole tensors, gathered one at a time onto the
-        main process's CPU (empty elsewhere); ``None`` for a model that is not sharded."""
-        model = self.unwrap_model(model)
-        if not _is_fsdp(model):
-            return None
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    def full_array(self, value: Any, key: str, timeout: float) -> Any:
+        """A whole host copy of one array of a prepared model on every process: a DTensor is
+        gathered with ``full_tensor()`` (a collective; `Accelerator.save_model` calls it on every
+        process, one array at a time, so no process ever holds the whole model)."""
+        if isinstance(value, _dtensor()):
+            value = value.full_tensor()
+        return self.to_numpy(value)
 
     # -- sharded arrays in checkpoints -------------------------------------------------------------
     def is_sharded(self, value: Any) -> bool:

@@ -28,7 +28,9 @@ class Profile:
         torch_loaders: the backend prepares torch DataLoaders (custom samplers, metrics scenarios).
         health_channel: the backend has a `Backend.health_channel` in a process group, through
             which a process that cannot write its part of an async save tells the others at once.
-        sharded_training: run the sharded-training scenarios (``fsdp_plugin``, test_sharding.py).
+        sharded_training: run the torch sharded-training scenarios (``fsdp_plugin``, test_sharding.py).
+        sharded_setup: ``"module:Class"`` of the JAX-style sharded-state setup (see `sharding_jax_scenarios.py`)
+            of a backend with the ShardedTraining capability; ``None`` skips the sharded suite.
     """
 
     training: str
@@ -38,13 +40,15 @@ class Profile:
     torch_loaders: bool = False
     health_channel: bool = True
     sharded_training: bool = False
+    sharded_setup: Optional[str] = None
 
 
 _BUILT_IN: Dict[str, Profile] = {
     "torch": Profile("training:TorchTraining", "MULTI_CPU", torch_worker_loaders=True,
                      loop_setup="loop_scenarios:TorchSetup", torch_loaders=True,
                      sharded_training=True),
-    "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup", torch_loaders=True),
+    "jax": Profile("training:JaxTraining", "JAX", loop_setup="loop_scenarios:JaxSetup", torch_loaders=True,
+                   sharded_setup="sharding_jax_scenarios:JaxShardedSetup"),
 }
 
 

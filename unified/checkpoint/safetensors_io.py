@@ -16,7 +16,7 @@ import queue
 import re
 import struct
 from json.decoder import scanstring
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import xxhash
@@ -86,24 +86,11 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     training's own memory). Each chunk is then copied once into a small bounce buffer that is
     both hashed and written, so the checksum always describes exactly the bytes in the file.
     """
-    header: Dict[str, object] = {}
-    offset = 0
-    # Arrays whose size is a multiple of _ALIGN first, then the others by decreasing item size,
-    # from a data section that starts at a multiple of _ALIGN: a reader's arrays are then
-    # aligned, so that a JAX array can take over their memory without a copy (it needs 64 bytes)
-    # and every array's items are naturally aligned.
-    ordered = sorted(arrays.items(),
-                     key=lambda item: (item[1][2].nbytes % _ALIGN != 0, -numpy_dtype(item[1][0]).itemsize))
-    for name, (dtype, shape, raw) in ordered:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
-    if metadata:
-        header["__metadata__"] = dict(metadata)
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-(8 + len(blob)) % _ALIGN)  # padding the spec allows (it asks for 8)
+    ordered, prefix = _layout({name: (dtype, shape, raw.nbytes) for name, (dtype, shape, raw) in arrays.items()},
+                              metadata)
     digest = xxhash.xxh3_64()
-    prefix = struct.pack("<Q", len(blob)) + blob
     digest.update(prefix)
+    ordered = [(name, arrays[name]) for name in ordered]
     chunk_size = _LIVE_CHUNK if live else _CHUNK
     chunks, position = [], len(prefix)
     for _, (_, _, raw) in ordered:
@@ -130,6 +117,73 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
                     future.result()
     finally:
         os.close(fd)
+    return {"size": position, "xxh3": digest.hexdigest()}
+
+
+def _layout(specs: Mapping[str, Tuple[str, Sequence[int], int]], metadata: Mapping[str, str] = ()
+            ) -> Tuple[list, bytes]:
+    """The order of the arrays in the file and its prefix (length + JSON header + padding), from
+    ``name -> (dtype, shape, nbytes)``.
+
+    Arrays whose size is a multiple of _ALIGN first, then the others by decreasing item size,
+    from a data section that starts at a multiple of _ALIGN: a reader's arrays are then aligned,
+    so that a JAX array can take over their memory without a copy (it needs 64 bytes) and every
+    array's items are naturally aligned."""
+    ordered = sorted(specs, key=lambda name: (specs[name][2] % _ALIGN != 0, -numpy_dtype(specs[name][0]).itemsize))
+    header: Dict[str, object] = {}
+    offset = 0
+    for name in ordered:
+        dtype, shape, nbytes = specs[name]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-(8 + len(blob)) % _ALIGN)  # padding the spec allows (it asks for 8)
+    return ordered, struct.pack("<Q", len(blob)) + blob
+
+
+def write_one_by_one(path: Optional[str], specs: Mapping[str, Tuple[str, Sequence[int]]],
+                     produce: Callable[[str], Any]) -> Optional[Dict[str, object]]:
+    """Write a safetensors file whose arrays come one at a time: ``produce(name)`` returns one
+    array (NumPy, of the dtype and shape in ``specs``), called once per name in file order, so
+    that only one array is held at a time (`save_model` of a sharded model gathers each).
+
+    ``path=None`` calls ``produce`` in the same order without writing (the processes that only
+    take part in the gathers). Returns ``{"size", "xxh3"}`` of the file, or ``None``.
+    """
+    sizes = {name: (dtype, tuple(shape), int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize)
+             for name, (dtype, shape) in specs.items()}
+    ordered, prefix = _layout(sizes)
+    if path is None:
+        for name in ordered:
+            produce(name)
+        return None
+    digest = xxhash.xxh3_64()
+    digest.update(prefix)
+    done = 0
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _pwrite_all(fd, memoryview(prefix), 0)
+            position = len(prefix)
+            for name in ordered:
+                value = produce(name)
+                done += 1
+                dtype, shape, raw = export_numpy(np.asarray(value))
+                if (dtype, tuple(shape)) != sizes[name][:2]:
+                    raise ValueError(f"{name}: expected {sizes[name][0]} {list(sizes[name][1])}, got {dtype} {list(shape)}"
+                                     + see("save-model-failed"))
+                view = memoryview(raw)
+                digest.update(view)
+                _pwrite_all(fd, view, position)
+                position += len(view)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        for name in ordered[done:]:  # the other processes still wait for these gathers
+            produce(name)
+        raise
     return {"size": position, "xxh3": digest.hexdigest()}
 
 
