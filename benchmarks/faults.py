@@ -2,8 +2,8 @@
 
 Run from the repository root:
 
-    python benchmarks/faults.py            # 20 trials for rows 1-2, 100 damage cases (15-30 min)
-    python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases (< 4 min)
+    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-11, 100 damage cases
+    python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
              --seed N --rows 1,2,... --keep
 
@@ -57,6 +57,15 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    `save_state` returned), median and worst. --short: 1 trial.
 8. Preemption of the launcher: the same, with the signal sent to `unified launch`, which forwards
    it to every worker.
+9-11. Several machines (`tests/multihost.py`): 2 network namespaces with their own addresses, one
+   `unified launch --num-machines 2` each; a random machine is the victim, 0.2-1 s after the group
+   works (`--net-timeout`, default 5 s): 9. its cable is pulled (`ip link set down` on its switch
+   port) during back-to-back `wait_for_everyone`; 10. the same during back-to-back `save_state`;
+   11. its worker gets SIGSTOP during the barriers (SIGCONT once the others ended). Pass: every
+   running process raises a `unified` error naming a lost process (or the main machine's
+   address) within the timeout + 5 s, every launcher exits non-zero, nothing hangs, and after
+   row 10 a new group loads exactly the parameters recorded before the newest checkpoint's save.
+   Skipped with the reason where network namespaces cannot be made (needs root).
 """
 from __future__ import annotations
 
@@ -108,6 +117,7 @@ class Row:
     worst: Optional[float] = None
     notes: str = ""
     failures: List[str] = field(default_factory=list)
+    skipped: bool = False  # could not run here (the notes say why); not a failure
 
     def record(self, ok: bool, what: str, time_s: Optional[float] = None) -> None:
         self.trials += 1
@@ -560,6 +570,45 @@ def judge_enospc(group: harness.GroupResult, rows: Dict[str, Row], cases: List[s
         rows[mode].record(not problems, f"ENOSPC on process {victim}: " + "; ".join(problems), max(times))
 
 
+# -- 9-11. several machines: a cut link, a frozen process -------------------------------------------------------
+NET_ROWS = {9: ("cut-barrier", "9 link cut during a barrier (2 machines)"),
+            10: ("cut-save", "10 link cut during save_state (2 machines)"),
+            11: ("freeze", "11 frozen process (SIGSTOP) in a barrier (2 machines)")}
+
+
+def rows_network(backend: str, trials: int, rng: random.Random, work: Path, timeout: float, wanted: Set[int]) -> List[Row]:
+    from tests import multihost
+    from tests.netns import unavailable
+
+    rows = []
+    reason = unavailable()
+    for number, (fault, name) in NET_ROWS.items():
+        if number not in wanted:
+            continue
+        row = Row(name, backend)
+        if reason:
+            row.notes, row.skipped = f"skipped: {reason}", True
+            rows.append(row)
+            continue
+        times: List[float] = []
+        victims = [0, 0]
+        for t in range(trials):
+            shared = work / f"r{number}-{backend}-{t}"
+            shared.mkdir()
+            trial = multihost.run_fault(backend, fault, shared, timeout=timeout, rng=rng)
+            victims[trial.victim] += 1
+            if trial.to_error is not None:
+                times.append(trial.to_error)
+            row.record(not trial.problems, f"trial {t} (victim machine {trial.victim}): " + "; ".join(trial.problems),
+                       trial.to_error)
+        times.sort()
+        median = f"{times[len(times) // 2]:.1f} s" if times else "n/a"
+        row.notes = f"timeout {timeout:g} s; victim machine 0/1: {victims[0]}/{victims[1]}; median time to the last error {median}"
+        rows.append(row)
+        print(f"  [{backend}] row {number} done ({time.monotonic() - START:.0f} s)", flush=True)
+    return rows
+
+
 # -- driver ------------------------------------------------------------------------------------------------------------
 def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work: Path, wanted: Set[int]) -> List[Row]:
     rows: List[Row] = []
@@ -573,6 +622,8 @@ def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work
         if number in wanted:
             rows.append(row_preemption(backend, 1 if args.short else args.trials, rng, work, launcher=number == 8))
             print(f"  [{backend}] row {number} done ({time.monotonic() - START:.0f} s)", flush=True)
+    if wanted & set(NET_ROWS):
+        rows += rows_network(backend, args.trials, rng, work, args.net_timeout, wanted)
     if not wanted & {3, 4, 5, 6}:
         return rows
     shared = work / f"files-{backend}"
@@ -635,7 +686,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: 2 trials per row, 10 damage cases")
     parser.add_argument("--backends", default=",".join(b for b in ("torch", "jax") if importlib.util.find_spec(b)))
-    parser.add_argument("--trials", type=int, default=None, help="trials of rows 1, 2, 7 and 8 (20; --short: 2, rows 7-8: 1)")
+    parser.add_argument("--trials", type=int, default=None, help="trials of rows 1, 2 and 7-11 (20; --short: 2)")
     parser.add_argument("--damage-cases", type=int, default=None, help="damaged copies for row 3 (100; --short: 10)")
     parser.add_argument("--timeout", type=float, default=None, help="the Accelerator timeout in row 1 (10 s; --short: 5 s)")
     parser.add_argument("--max-kill-delay", type=float, default=None,
@@ -643,7 +694,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-jax-cache", action="store_true", help="no persistent JAX compilation cache for the groups")
     parser.add_argument("--train-size", type=int, default=None, help="processes in row 1 (3; --short: 2)")
     parser.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: time)")
-    parser.add_argument("--rows", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--net-timeout", type=float, default=5.0, help="the Accelerator timeout in rows 9-11 (5 s)")
+    parser.add_argument("--rows", default=None,
+                        help="rows to run (default: all; --short: 1-6: tests/conformance/test_preemption.py covers 7-8 and tests/test_multihost_netns.py 9-11 in CI)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
     args = parser.parse_args(argv)
@@ -655,6 +708,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.timeout = args.timeout if args.timeout is not None else (5.0 if args.short else 10.0)
     args.max_kill_delay = args.max_kill_delay if args.max_kill_delay is not None else (1.5 if args.short else 3.0)
     seed = args.seed if args.seed is not None else int(time.time())
+    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11")
     wanted = {int(x) for x in args.rows.split(",")}
     work = Path(tempfile.mkdtemp(prefix="unified-faults-"))
     if not args.no_jax_cache:
@@ -674,7 +728,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(table(rows))
     print(f"\n{sum(r.trials for r in rows)} trials in {elapsed:.0f} s (seed {seed}; rerun with --seed {seed})")
-    failing = [r for r in rows if r.passes < r.trials or not r.trials]
+    failing = [r for r in rows if not r.skipped and (r.passes < r.trials or not r.trials)]
     for r in failing:
         print(f"\nFAILED: {r.fault} [{r.backend}] {r.passes}/{r.trials}")
         for what in r.failures[:10]:
