@@ -35,9 +35,9 @@ NOT_MESSAGES = {"StopIteration"}
 # (file, a fragment of the raise statement's source) -> why it carries no link of its own.
 UNLINKED: Dict[Tuple[str, str], str] = {
     ("unified/watchdog.py", "no answer within"):
-        "_bounded's signal to the watchdog, which reports the lost peer with see('distributederror')",
-    ("backends/jax/core.py", "_NoAnswer()"):
-        "caught by the coordination-service caller, which raises a BarrierTimeout (self-linked)",
+        "internal to the watchdog: its callers treat it as an unanswered channel",
+    ("backends/jax/core.py", "_NoAnswer"):
+        "internal: JaxBackend._answered turns it into a BarrierTimeout (self-linked)",
     ("unified/checkpoint/codec.py", "dict key"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "a value of type"):
