@@ -114,6 +114,7 @@ class Accelerator:
         watchdog = Watchdog(channel, self._backend.process_index, self._backend.num_processes, timeout)
         watchdog.start()
         self._collectives.on_broken = watchdog.report
+        watchdog.in_timed_call = lambda: self._collectives.in_call > 0
         return watchdog
 
     def _init_state(self) -> None:

@@ -34,15 +34,20 @@ class Collectives:
         self.arrays: ArrayCollectives = backend if isinstance(backend, ArrayCollectives) else ArraysAsBytes(backend)
         # Told about every DistributedError a backend primitive raised (the watchdog's report).
         self.on_broken: Callable[[BaseException], None] = lambda error: None
+        # Timed backend primitives running now (on any thread): such a call raises on its own.
+        self.in_call = 0
 
     @contextlib.contextmanager
     def watched(self) -> Iterator[None]:
         """Run a backend primitive; a `DistributedError` from it means the group broke."""
+        self.in_call += 1
         try:
             yield
         except DistributedError as error:
             self.on_broken(error)
             raise
+        finally:
+            self.in_call -= 1
 
     def _key(self, operation: str) -> str:
         self._calls += 1

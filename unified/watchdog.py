@@ -119,6 +119,9 @@ class Watchdog:
         self._acknowledged = False  # this process's code already met an error: it decides what to do
         self.broken = False
         self._uncaught_seen = False
+        # True while this process's code is inside a collective that times out on its own (set by
+        # the Accelerator): after a lost peer, the watchdog then lets that collective raise.
+        self.in_timed_call: Callable[[], bool] = lambda: False
         self._previous_hook = None
 
     def _who(self) -> str:
@@ -186,7 +189,9 @@ class Watchdog:
                 if now - answered_at > self.timeout and not self._acknowledged:
                     # this process's own collective, timed out by the same clock, may first spend a
                     # moment asking the (unreachable) service who is missing: let it raise
-                    if not self._stop.wait(UNANSWERED_GRACE * self.grace) and not self._acknowledged:
+                    if self.in_timed_call() and self._stop.wait(UNANSWERED_GRACE * self.grace):
+                        return
+                    if not self._acknowledged:
                         self._give_up(f"the coordination service has not answered for {self.timeout:g}s")
                     return
                 continue
@@ -212,9 +217,11 @@ class Watchdog:
                 who = ", ".join(map(str, lost))
                 reason = f"process {who} stopped responding (no heartbeat for {self.timeout:g}s)"
                 self._post(f"failed/{self.rank}", reason)
-                # this process's own collective, timed out by the same clock, is about to raise:
-                # let it, as for a failure reported by a peer
-                if not self._stop.wait(self.grace) and not self._acknowledged:
+                # inside a collective that times out by the same clock, this process is about to
+                # raise on its own (naming the lost process): let it
+                if self.in_timed_call() and self._stop.wait(self.grace):
+                    return
+                if not self._acknowledged:
                     self._give_up(reason)
                 return
 

@@ -105,6 +105,7 @@ def test_a_process_whose_own_collective_times_out_with_the_lost_heartbeat_is_lef
     the barrier's error (which names the missing process) must win, not the watchdog's exit."""
     channel = DictChannel()
     dog, exits = make(channel, 0, timeout=0.3, grace=0.5)
+    dog.in_timed_call = lambda: True  # this process waits in a barrier
     dog.start()  # process 1 never beats
     try:
         time.sleep(0.45)  # the peer is declared lost at ~0.3 s; this process raises on its own just after
@@ -150,7 +151,7 @@ def test_a_service_out_of_reach_blocks_neither_the_report_nor_the_decision():
     try:
         channel.hang.set()
         start = time.monotonic()
-        assert exits.event.wait(5)
+        assert exits.event.wait(5)  # running, not in a timed collective: ended at the timeout
         assert "has not answered for 0.4s" in exits.messages[0]
         assert time.monotonic() - start < 3
         quiet, _ = make(channel, 1, timeout=0.4)
