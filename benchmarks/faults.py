@@ -63,7 +63,8 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    port) during back-to-back `wait_for_everyone`; 10. the same during back-to-back `save_state`;
    11. its worker gets SIGSTOP during the barriers (SIGCONT once the others ended). Pass: every
    running process raises a `unified` error naming a lost process (or the main machine's
-   address) within the timeout + 5 s, every launcher exits non-zero, nothing hangs, and after
+   address) within the timeout + 5 s (or, blocked in a jitted step's device all-reduce, is ended
+   by the watchdog with such a reason), every launcher exits non-zero, nothing hangs, and after
    row 10 a new group loads exactly the parameters recorded before the newest checkpoint's save.
    Skipped with the reason where network namespaces cannot be made (needs root).
 """
@@ -592,18 +593,21 @@ def rows_network(backend: str, trials: int, rng: random.Random, work: Path, time
             continue
         times: List[float] = []
         victims = [0, 0]
+        ended = 0
         for t in range(trials):
             shared = work / f"r{number}-{backend}-{t}"
             shared.mkdir()
             trial = multihost.run_fault(backend, fault, shared, timeout=timeout, rng=rng)
             victims[trial.victim] += 1
+            ended += trial.watchdog_exits
             if trial.to_error is not None:
                 times.append(trial.to_error)
             row.record(not trial.problems, f"trial {t} (victim machine {trial.victim}): " + "; ".join(trial.problems),
                        trial.to_error)
         times.sort()
         median = f"{times[len(times) // 2]:.1f} s" if times else "n/a"
-        row.notes = f"timeout {timeout:g} s; victim machine 0/1: {victims[0]}/{victims[1]}; median time to the last error {median}"
+        row.notes = (f"timeout {timeout:g} s; victim machine 0/1: {victims[0]}/{victims[1]}; median time to the last error "
+                     f"{median}; processes ended by the watchdog (blocked in a device collective): {ended}")
         rows.append(row)
         print(f"  [{backend}] row {number} done ({time.monotonic() - START:.0f} s)", flush=True)
     return rows

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "conformance" / "worker.py"
 PORT = 29400  # every group has namespaces of its own: a fixed port cannot collide
 SLACK_S = 5.0  # "within the timeout plus a few seconds"
+LAUNCHER_STOP_S = 10.0  # a launcher stops its other children (the JAX coordination service) in this long
+WATCHDOG_EXIT = "unified: the process group broke - "  # unified/watchdog.py's message
 FAULTS = ("cut-barrier", "cut-save", "freeze")
 SCENARIO = {"cut-barrier": "mh_barrier_loop", "cut-save": "mh_save_loop", "freeze": "mh_barrier_loop"}
 
@@ -101,6 +103,7 @@ class Trial:
     victim: int
     problems: List[str] = field(default_factory=list)
     to_error: Optional[float] = None  # the latest error of a live process after the fault (s)
+    watchdog_exits: int = 0           # processes ended by the watchdog (blocked where they cannot raise)
     saves: Optional[int] = None       # cut-save: checkpoints committed before the cut
 
 
@@ -118,7 +121,8 @@ def run_fault(backend: str, fault: str, shared: Path, *, machines_count: int = 2
     saves back to back. ``freeze``: the victim's worker gets SIGSTOP during the barriers, and
     SIGCONT once every other launcher has exited. Pass: every process that runs raises a `unified`
     `DistributedError` naming a lost process (or, cut off, the main machine's address) within
-    ``timeout`` + `SLACK_S` of the fault; every launcher exits non-zero; nothing hangs; after a
+    ``timeout`` + `SLACK_S` of the fault, or, blocked where it cannot raise (a jitted step's device
+    all-reduce), is ended by the watchdog with such a reason; every launcher exits non-zero; nothing hangs; after a
     cut during saves a new group's ``load_state()`` picks a complete checkpoint with exactly the
     parameters recorded before its save.
     """
@@ -153,14 +157,26 @@ def run_fault(backend: str, fault: str, shared: Path, *, machines_count: int = 2
             latest = 0.0
             for m in live:
                 result = group.result(m, scenario)
+                lost = [r for r in range(machines_count) if r != m] if m == victim else [victim]
+                main = machines.address(0) if 0 in lost else None  # the rendezvous store / service's machine
+                ended = next((line for line in group.log(m).splitlines() if WATCHDOG_EXIT in line), None)
+                if result is None and ended is not None:
+                    # blocked where it cannot raise (JAX: a jitted step's device all-reduce): the
+                    # watchdog ended it, naming the reason; its launcher's exit is the time we have
+                    trial.watchdog_exits += 1
+                    if not _names_lost(ended, lost, main):
+                        trial.problems.append(f"machine {m}'s watchdog names none of processes {lost}: {ended[:300]}")
+                    if group.exit_times[m] is None or group.exit_times[m] - fault_at > timeout + SLACK_S + LAUNCHER_STOP_S:
+                        trial.problems.append(f"machine {m} was ended by the watchdog too late")
+                    if group.procs[m].returncode == 0:
+                        trial.problems.append(f"machine {m}'s launcher exited 0 after a broken group")
+                    continue
                 if result is None or result.get("unexpected") or "raised" not in result:
                     trial.problems.append(f"machine {m} reported no error ({result and result.get('error')}); "
                                           f"log: {group.log(m)[-600:]}")
                     continue
                 after = result["error_at"] - fault_at
                 latest = max(latest, after)
-                lost = [r for r in range(machines_count) if r != m] if m == victim else [victim]
-                main = machines.address(0) if 0 in lost else None  # the rendezvous store / service's machine
                 if not result["unified"] or result["raised"] not in ("BarrierTimeout", "DistributedError"):
                     trial.problems.append(f"machine {m} raised {result['raised']}: {result['message'][:300]}")
                 elif not _names_lost(result["message"], lost, main):

@@ -27,6 +27,20 @@ def netns():
         pytest.skip(reason)
 
 
+def test_each_machine_routes_to_machine_0_from_its_own_address(netns):
+    """What both backends bind their collectives to (unified/network.py), seen from inside."""
+    import json
+    import subprocess
+    import sys
+
+    probe = "import json, sys; from unified.network import route_to; print(json.dumps(route_to(sys.argv[1])))"
+    with Machines(2) as machines:
+        seen = [json.loads(subprocess.run(machines.argv(m, sys.executable, "-c", probe, machines.address(0)),
+                                          capture_output=True, text=True, timeout=60, check=True).stdout)
+                for m in range(2)]
+        assert seen == [[machines.address(0), "eth0"], [machines.address(1), "eth0"]]
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_three_machines_barrier_collectives_and_a_shared_checkpoint(netns, backend, tmp_path):
     with Machines(3) as machines:

@@ -53,6 +53,9 @@ class HealthChannel(Protocol):
     def read(self) -> Dict[str, str]:
         """Every name posted by any process, with its value."""
 
+    # Optional: ``where`` (a str attribute) names the service in messages, e.g. "the coordination
+    # service at 10.0.0.1:29500 (process 0's machine)".
+
 
 # After the service stopped answering, the process's own error may come this many graces later.
 UNANSWERED_GRACE = 3.0
@@ -192,7 +195,8 @@ class Watchdog:
                     if self.in_timed_call() and self._stop.wait(UNANSWERED_GRACE * self.grace):
                         return
                     if not self._acknowledged:
-                        self._give_up(f"the coordination service has not answered for {self.timeout:g}s")
+                        where = getattr(self.channel, "where", None) or "the coordination service"
+                        self._give_up(f"{where} has not answered for {self.timeout:g}s")
                     return
                 continue
             if self._acknowledged:

@@ -153,6 +153,8 @@ class _KeyValueChannel:
 
     def __init__(self, client: Any, prefix: str) -> None:
         self._client, self._prefix = client, prefix
+        address = ProcessEnvironment.from_env().coordinator
+        self.where = f"the coordination service at {address} (process 0's machine)" if address else None
 
     def post(self, name: str, value: str) -> None:
         self._client.key_value_set(self._prefix + name, value, allow_overwrite=True)
