@@ -571,6 +571,85 @@ def judge_enospc(group: harness.GroupResult, rows: Dict[str, Row], cases: List[s
         rows[mode].record(not problems, f"ENOSPC on process {victim}: " + "; ".join(problems), max(times))
 
 
+# -- 7, 8. preemption: a signal becomes one checkpoint at the same step --------------------------------------
+PREEMPTION_RUN = ROOT / "tests" / "conformance" / "preemption_run.py"
+PREEMPTION_GRACE = 60.0
+
+
+def _preempted_trial(backend: str, shared: Path, step: int, sig: int, whom: str, size: int) -> tuple:
+    """One launched run signalled at ``step``; returns (problems, signal -> committed checkpoint seconds)."""
+    log_path = shared / "launch.log"
+    with open(log_path, "wb") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend, "--grace-period",
+             f"{PREEMPTION_GRACE:g}", str(PREEMPTION_RUN), str(shared), "t", "--steps", "10", "--signal-at", str(step),
+             "--expect-signal", "all" if whom == "launcher" else whom],
+            cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **JAX_CACHE})
+    ready = [shared / f"t-ready-{rank}" for rank in range(size)]
+    deadline = time.monotonic() + 300
+    while not all(p.exists() for p in ready):
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            launcher.wait()
+            return [f"the run never reached step {step}: {_first_line(log_path.read_text(errors='replace'))}"], None
+        time.sleep(0.02)
+    sent_at = time.time()
+    os.kill(launcher.pid if whom == "launcher" else int(ready[int(whom)].read_text()), sig)
+    (shared / "t-go").write_text("go")
+    try:
+        code = launcher.wait(timeout=PREEMPTION_GRACE + 60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
+        return ["the launcher did not end"], None
+    problems, committed = [], None
+    if code != PREEMPTED_EXIT_CODE:
+        problems.append(f"launcher exit {code}: {_first_line(log_path.read_text(errors='replace'))}")
+    results = []
+    for rank in range(size):
+        path = shared / f"t-result-{rank}.json"
+        if not path.exists():
+            problems.append(f"process {rank} wrote no result (killed?)")
+            continue
+        results.append(json.loads(path.read_text()))
+    for rank, r in enumerate(results):
+        if not r["preempted"] or r["stopped"] != step or r["saved"] != "checkpoint_0":
+            problems.append(f"process {rank}: stopped at {r['stopped']}, preempted {r['preempted']}, saved {r['saved']}")
+    folder = shared / "project" / "checkpoints"
+    listing = sorted(os.listdir(folder)) if folder.exists() else []
+    if listing != ["checkpoint_0"]:
+        problems.append(f"checkpoints: {listing}")
+    if len(results) == size and all(r["saved_at"] for r in results):
+        committed = max(r["saved_at"] for r in results) - sent_at
+        if committed > PREEMPTION_GRACE:
+            problems.append(f"checkpoint committed {committed:.1f} s after the signal, beyond the grace period")
+    return problems, committed
+
+
+def row_preemption(backend: str, trials: int, rng: random.Random, work: Path, launcher: bool, size: int = 2) -> Row:
+    """Rows 7 (a signal to a random worker) and 8 (to the launcher)."""
+    row = Row("8 preemption of the launcher" if launcher else "7 preemption of a worker", backend)
+    times: List[float] = []
+    for t in range(trials):
+        shared = work / f"r{8 if launcher else 7}-{backend}-{t}"
+        shared.mkdir()
+        step, sig = rng.randint(2, 8), rng.choice([signal.SIGTERM, signal.SIGUSR1])
+        whom = "launcher" if launcher else str(rng.randrange(size))
+        problems, committed = _preempted_trial(backend, shared, step, sig, whom, size)
+        if committed is not None:
+            times.append(committed)
+        row.record(not problems, f"trial {t}: {signal.Signals(sig).name} to {whom} at step {step}: " + "; ".join(problems),
+                   committed)
+    if times:
+        ordered = sorted(times)
+        row.notes = (f"{size} processes via unified launch; signal -> committed checkpoint: median "
+                     f"{ordered[len(ordered) // 2]:.2f} s, worst {ordered[-1]:.2f} s, against a {PREEMPTION_GRACE:g} s "
+                     "grace period")
+    else:
+        row.notes = "no checkpoint committed"
+    return row
+
+
 # -- 9-11. several machines: a cut link, a frozen process -------------------------------------------------------
 NET_ROWS = {9: ("cut-barrier", "9 link cut during a barrier (2 machines)"),
             10: ("cut-save", "10 link cut during save_state (2 machines)"),
