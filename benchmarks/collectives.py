@@ -26,8 +26,10 @@ What is compared:
 from __future__ import annotations
 
 import argparse
+import queue
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -121,11 +123,66 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
         value = total(jax.make_array_from_process_local_data(sharded, flag))
         return bool(np.asarray(value.addressable_data(0)))
 
+    # The options for a one-round-trip trigger, each by hand (see docs/benchmarks/collectives.md).
+    n, me = jax.process_count(), jax.process_index()
+    flagged_ids = list(range(n)) + [me]
+    last = me == n - 1
+
+    def flag_barrier_fired() -> bool:
+        """A barrier on one reused id that a flagged process fails (the last process flags every
+        call), then a plain barrier: the path of a set trigger."""
+        counter[0] += 1
+        try:
+            client.wait_at_barrier("bench/flag", timeout_ms, flagged_ids if last else None)
+            fired = False
+        except Exception:  # noqa: BLE001 - INVALID_ARGUMENT: conflicting participant lists
+            fired = True
+        client.wait_at_barrier(f"bench/raw #{counter[0]}", timeout_ms)
+        return fired
+
+    def increment_then_get() -> bool:
+        """key_value_increment counts arrivals (a flag would add n + 1); the last arrival posts
+        the outcome, the others wait for it: two round trips."""
+        counter[0] += 1
+        key = f"bench/count/{counter[0]}"
+        if client.key_value_increment(key, 1) == n:
+            client.key_value_set(f"{key}/done", "0")
+            return False
+        return client.blocking_key_value_get(f"{key}/done", timeout_ms) != "0"
+
+    psum_calls: "queue.Queue" = queue.Queue()
+
+    def psum_thread() -> None:
+        while True:
+            done, out = psum_calls.get()
+            out.append(raw_psum())
+            done.set()
+
+    threading.Thread(target=psum_thread, daemon=True).start()
+
+    def psum_with_deadline() -> bool:
+        """The device all-reduce on a worker thread, the caller waiting for it with a deadline."""
+        done, out = threading.Event(), []
+        psum_calls.put((done, out))
+        if not done.wait(RAW_TIMEOUT_S):
+            raise TimeoutError("device psum")
+        return out[0]
+
+    def ours_fired() -> bool:
+        if accelerator.is_last_process:
+            accelerator.set_trigger()
+        return accelerator.check_trigger()
+
+    client.wait_at_barrier("bench/flag", timeout_ms)  # counter 0 of the reused id: see flag_barrier.py
     return {
         "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier},
         "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_barrier,
-                          "info: raw barrier + key_value_dir_get": raw_barrier_dir_get,
-                          "info: raw device psum (jit)": raw_psum},
+                          "info: raw barrier + key_value_dir_get (the two-trip protocol)": raw_barrier_dir_get,
+                          "info: raw device psum (jit)": raw_psum,
+                          "info: device psum on a thread with a deadline": psum_with_deadline,
+                          "info: key_value_increment + blocking get": increment_then_get,
+                          "info: flag barrier, flag set (raw)": flag_barrier_fired,
+                          "info: ours, trigger set on the last process": ours_fired},
     }
 
 

@@ -28,6 +28,7 @@ from unified.environment import ProcessEnvironment, cluster_local_process
 from unified.errors import DistributedError, see
 from unified.network import route_to
 
+from . import flag_barrier
 from .loop import JaxTrainingLoop
 
 _PREFIX = "unified/"
@@ -179,6 +180,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self._external_service = False
         self._stale_keys: List[str] = []
         self._calls: Optional[_Caller] = None
+        self._flag_primed = False
         self._key_seed = 0
         self._key_counter = 0
         self._mesh: Any = None
@@ -263,13 +265,20 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             raise self._timeout_error(key, timeout, err, None) from None
 
     def barrier(self, key: str, timeout: float) -> None:
+        self._meet(self._prefix + key, key, timeout)
+        self._drop_stale_keys()
+
+    def _meet(self, name: str, key: str, timeout: float, process_ids: Optional[List[int]] = None) -> bool:
+        """Wait at barrier ``name``; True if it failed because a process flagged it (flag_barrier.py)."""
         try:
-            self._answered(lambda: self._client.wait_at_barrier(self._prefix + key, int(timeout * 1000)), key, timeout)
+            self._answered(lambda: self._client.wait_at_barrier(name, int(timeout * 1000), process_ids), key, timeout)
         except DistributedError:
             raise
         except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED or a lost coordinator
+            if flag_barrier.is_flagged(err):
+                return True
             raise self._timeout_error(key, timeout, err, _missing_from_message(str(err))) from err
-        self._drop_stale_keys()
+        return False
 
     def _drop_stale_keys(self) -> None:
         """Delete keys this process wrote before the barrier just passed: everyone has read them."""
@@ -281,6 +290,28 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self._stale_keys.clear()
 
     def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
+        """One barrier whose outcome carries the flag (see flag_barrier.py): a single round trip
+        of the coordination service when no process is flagged."""
+        if not flag_barrier.supported():
+            return self._any_flag_two_trips(flag, key, timeout)
+        name = f"{self._prefix}flag"  # one id for every call: see flag_barrier.py on counters
+        if not self._flag_primed:
+            self._meet(name, f"{key} (first flag)", timeout)
+            self._flag_primed = True
+        ids = flag_barrier.flagged_process_ids(self.num_processes, self.process_index) if flag else None
+        if not self._meet(name, key, timeout, ids):
+            if flag:  # the service accepted the conflicting list: the others answered False
+                raise DistributedError(
+                    f"{key}: the JAX coordination service let a flagged process pass the trigger's barrier, so the "
+                    "processes disagree on the answer; this jax release changed the behaviour unified relies on."
+                    + see("jax-flag-barrier"))
+            self._drop_stale_keys()
+            return False
+        self.barrier(f"{key} (flag seen)", timeout)  # nobody moves on before everyone saw it
+        return True
+
+    def _any_flag_two_trips(self, flag: bool, key: str, timeout: float) -> bool:
+        """Flags as keys set before a barrier and read after it (jax releases not checked with flag_barrier)."""
         directory = f"{self._prefix}flag/{key}/"
         if flag:
             mine = f"{directory}{self.process_index}"
