@@ -73,6 +73,23 @@ def trigger(state: dict) -> dict:
     return {"quiet": quiet, "fired": fired, "after_reset": after_reset}
 
 
+def trigger_late_peer(state: dict) -> dict:
+    """Process 0 sets the trigger and checks at once; the last process checks a second later.
+    Everyone gets True in that call (also the one that arrives after the flag is known), and the
+    next two checks, one right away and one with the last process late again, are quiet."""
+    acc = state["acc"]
+    if acc.is_main_process:
+        acc.set_trigger()
+    if acc.is_last_process:
+        time.sleep(1.0)
+    fired = acc.check_trigger()
+    again = acc.check_trigger()
+    if acc.is_last_process:
+        time.sleep(1.0)
+    quiet = acc.check_trigger()
+    return {"fired": fired, "again": again, "quiet": quiet}
+
+
 def collectives(state: dict) -> dict:
     acc = state["acc"]
     rank = acc.process_index

@@ -12,7 +12,7 @@ from .harness import run_group
 from .profiles import profile
 
 SCENARIOS = ["start", "identity", "barrier_order", "main_first_order", "local_main_first_order",
-             "trigger", "collectives", "main_first_exception"]
+             "trigger", "trigger_late_peer", "collectives", "main_first_exception"]
 # size 3 is split into two simulated machines (2 + 1 processes) to exercise local-main-first.
 LAYOUTS = {2: [2], 3: [2, 1]}
 FINALE = {2: "dead_at_barrier", 3: "stuck_at_barrier"}
@@ -65,6 +65,11 @@ def test_first_runs_first_and_everyone_leaves_together(group, name):
 def test_trigger_seen_by_all_in_same_call_and_reset(group):
     rows = group.scenario("trigger")
     assert all(r == {"quiet": False, "fired": True, "after_reset": False} for r in rows), rows
+
+
+def test_trigger_reaches_a_late_peer(group):
+    rows = group.scenario("trigger_late_peer")
+    assert all(r == {"fired": True, "again": False, "quiet": False} for r in rows), rows
 
 
 def test_gather_reduce_broadcast(group):
