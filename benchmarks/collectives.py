@@ -174,8 +174,17 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
         return accelerator.check_trigger()
 
     client.wait_at_barrier("bench/flag", timeout_ms)  # counter 0 of the reused id: see flag_barrier.py
+    backend = accelerator._backend
+
+    def raw_barrier_bounded() -> None:
+        """The raw barrier through the backend's caller thread (the bound on an unanswered call)."""
+        counter[0] += 1
+        key = f"bench/raw #{counter[0]}"
+        backend._answered(lambda: client.wait_at_barrier(key, timeout_ms), key, RAW_TIMEOUT_S)
+
     return {
-        "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier},
+        "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier,
+                              "info: raw barrier through the caller thread": raw_barrier_bounded},
         "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_barrier,
                           "info: raw barrier + key_value_dir_get (the two-trip protocol)": raw_barrier_dir_get,
                           "info: raw device psum (jit)": raw_psum,
