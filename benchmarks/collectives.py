@@ -18,10 +18,13 @@ What is compared:
   ``.item()`` included, as a hand-written trigger needs both).
 * jax: ``wait_for_everyone`` vs the coordination-service barrier
   ``global_state.client.wait_at_barrier(key, timeout_ms)``; ``check_trigger`` vs that same
-  barrier (our trigger is barrier + ``key_value_dir_get``). For information only, two more
-  rows: raw barrier + ``key_value_dir_get`` (the same two RPCs done by hand) and a raw device
+  barrier (our trigger is one barrier whose outcome carries the flag, backends/jax/flag_barrier.py).
+  For information: raw barrier + ``key_value_dir_get`` (the previous two-trip protocol) and a raw device
   all-reduce (one int32 per process via ``jax.make_array_from_process_local_data`` on
-  ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function).
+  ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function). The other "info"
+  rows are the options for a one-round-trip trigger, each by hand: a raw barrier through the
+  backend's caller thread, the device psum on a thread with a deadline, ``key_value_increment``
+  + a blocking get, the flag barrier with a flag set, and ours with the trigger set.
 """
 from __future__ import annotations
 
