@@ -308,26 +308,36 @@ def _private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
 def _allocate(header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.ndarray], List[Tuple[int, np.ndarray]]]:
     """Empty private arrays for the header's entries, and ``(offset in the data section, array)``
     in file order. At most ``data_size`` bytes are ever allocated, whatever the header says."""
+    arrays, starts = _lay_out(header, data_size, path, lambda dtype, shape, start: _private_array(dtype, shape))
+    spans = sorted(zip(starts, arrays.values()), key=lambda span: span[0])
+    return arrays, spans
+
+
+def _lay_out(header: bytes, data_size: int, name: str, make: Callable[[np.dtype, Tuple[int, ...], int], np.ndarray]
+             ) -> Tuple[Dict[str, np.ndarray], List[int]]:
+    """``{key: make(dtype, shape, start)}`` for the entries of a header whose arrays tile the data
+    section of ``data_size`` bytes exactly, and their starts (in the header's order); anything
+    else raises `CheckpointError` naming ``name``. ``make`` is never asked for more than
+    ``data_size`` bytes in all."""
     arrays: Dict[str, np.ndarray] = {}
     starts, ends = stdarray.array("q"), stdarray.array("q")
     total = 0
     try:
-        for key, dtype, shape, start, end in _entries(header, data_size, path):
+        for key, dtype, shape, start, end in _entries(header, data_size, name):
             if key in arrays:
-                raise _not_safetensors(path, f"entry {_shown(key)} appears twice")
+                raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
             total += end - start
             if total > data_size:
-                raise _not_safetensors(path, f"its arrays overlap or leave bytes of the {data_size}-byte data section unused")
-            arrays[key] = _private_array(dtype, shape)
+                raise _not_safetensors(name, f"its arrays overlap or leave bytes of the {data_size}-byte data section unused")
+            arrays[key] = make(dtype, shape, start)
             starts.append(start)
             ends.append(end)
     except CheckpointError:
         raise
     except ValueError as err:  # malformed strings or numbers, which the shape checks let through
-        raise _not_safetensors(path, str(err)) from err
-    _check_tiling(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64), data_size, path)
-    spans = sorted(zip(starts, arrays.values()), key=lambda span: span[0])
-    return arrays, spans
+        raise _not_safetensors(name, str(err)) from err
+    _check_tiling(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64), data_size, name)
+    return arrays, list(starts)
 
 
 def _read_into(fd: int, data_start: int, spans: Sequence[Tuple[int, np.ndarray]], digest: Any, path: str,
@@ -543,21 +553,8 @@ def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
     data section raises `CheckpointError` naming ``name``."""
     length = _header_length(bytes(buffer[:8]), len(buffer) - 8, name)
     data_start, data_size = 8 + length, len(buffer) - 8 - length
-    arrays: Dict[str, np.ndarray] = {}
-    starts, ends = stdarray.array("q"), stdarray.array("q")
-    try:
-        for key, dtype, shape, start, end in _entries(bytes(buffer[8:data_start]), data_size, name):
-            if key in arrays:
-                raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
-            arrays[key] = np.frombuffer(buffer, dtype=dtype, count=math.prod(shape), offset=data_start + start).reshape(shape)
-            starts.append(start)
-            ends.append(end)
-    except CheckpointError:
-        raise
-    except ValueError as err:  # malformed strings or numbers, which the shape checks let through
-        raise _not_safetensors(name, str(err)) from err
-    _check_tiling(np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64), data_size, name)
-    return arrays
+    return _lay_out(bytes(buffer[8:data_start]), data_size, name, lambda dtype, shape, start: np.frombuffer(
+        buffer, dtype=dtype, count=math.prod(shape), offset=data_start + start).reshape(shape))[0]
 
 
 def _check_tiling(starts: np.ndarray, ends: np.ndarray, size: int, name: str) -> None:
