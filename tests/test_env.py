@@ -62,7 +62,16 @@ def test_env_reports_python_unified_frameworks_and_the_chosen_backend():
     assert platform.system() in fields["Python"]
     assert fields["unified"] == _version("unified") != "not installed"
     for framework in FRAMEWORKS:
-        assert fields[framework] == _version(framework), framework
+        version = _version(framework)
+        if version == "not installed":
+            assert fields[framework] == version
+        else:  # the version, then whether it lies in the range CI tests (README, "Supported versions")
+            assert re.fullmatch(rf"{re.escape(version)} \(.*tested: [\w.]+ to [\w.]+\)+", fields[framework]), \
+                fields[framework]
+    outside = [f"{name} {value.split(' (')[0]}" for name, value in fields.items()
+               if re.search(r"\((OLDER|newer) than", value)]
+    summary = fields["installed versions inside the tested ranges"]
+    assert summary == (f"no ({', '.join(outside)}; see the README's support table)" if outside else "yes"), summary
     expected = _default_backend()
     if expected is None:
         assert fields["backend that would be chosen"].startswith("none (")

@@ -52,6 +52,11 @@ class BackendSpec:
         seed_globals: ``f(seed, deterministic)`` seeding the framework's global generators when
             `unified.utils.set_seed` runs without an Accelerator (must not import the framework).
         distributions: pip distributions whose versions ``unified env`` lists.
+        tested_versions: ``(distribution, oldest, newest)`` for each distribution that CI runs
+            the tests with at its oldest supported and its newest version (``.ci/run``);
+            ``unified env`` says whether the installed versions are inside these ranges.
+        private_apis: a function probing the framework's private APIs that the backend uses,
+            raising a clear error when the installed version changed one (may import the framework).
     """
 
     name: str
@@ -62,6 +67,8 @@ class BackendSpec:
     report: Optional[str] = None
     seed_globals: Optional[str] = None
     distributions: Tuple[str, ...] = ()
+    tested_versions: Tuple[Tuple[str, str, str], ...] = ()
+    private_apis: Optional[str] = None
 
 
 def load_object(target: str) -> Any:

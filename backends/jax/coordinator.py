@@ -12,15 +12,12 @@ import threading
 
 
 def serve(address: str, num_processes: int, heartbeat_timeout: int = 100) -> None:
-    import jax  # noqa: F401  (initialises the runtime library)
-    from jax._src.lib import _jax
+    from .private import start_service
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    service = _jax.get_distributed_runtime_service(
-        address, num_processes, heartbeat_timeout=heartbeat_timeout, shutdown_timeout=5, recoverable=True
-    )
+    service = start_service(address, num_processes, heartbeat_timeout=heartbeat_timeout, shutdown_timeout=5)
     print(f"coordination service for {num_processes} processes on {address}", flush=True)
     stop.wait()
     service.shutdown()

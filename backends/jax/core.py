@@ -8,13 +8,12 @@ before joining, so that a dead peer gives survivors an exception instead of abor
 from __future__ import annotations
 
 import atexit
-import contextlib
 import queue
 import threading
 import os
 import re
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -29,25 +28,13 @@ from unified.errors import DistributedError, see
 from unified.network import route_to
 
 from . import flag_barrier
+from . import private
 from .loop import JaxTrainingLoop
 
 _PREFIX = "unified/"
 # A coordination-service call gets its answer at its deadline at the latest; past this margin
 # the service is out of reach.
 _SERVICE_MARGIN_S = 2.0
-
-
-def _cluster_detected() -> bool:
-    """True when JAX's own cluster auto-detection (SLURM, Open MPI, ...) would find a group."""
-    try:
-        from jax._src import clusters
-
-        # Opt-in types (mpi4py: "installed" is enough to be present) are never auto-detected by JAX.
-        return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types
-                   if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster")
-                   and not getattr(env, "opt_in_only_method", False))
-    except Exception:  # private API: treat any change as "no cluster"
-        return False
 
 
 def _local_announced() -> bool:
@@ -64,43 +51,6 @@ def _missing_from_message(message: str) -> Optional[List[int]]:
     return tasks or None
 
 
-@contextlib.contextmanager
-def _no_service_here(active: bool) -> Iterator[None]:
-    """While ``active``, make ``jax.distributed.initialize`` on process 0 join the launcher's
-    coordination service (backends/jax/coordinator.py) instead of starting its own."""
-    if not active:
-        yield
-        return
-    from jax._src import distributed
-
-    original = distributed._jax.get_distributed_runtime_service
-    distributed._jax.get_distributed_runtime_service = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        distributed._jax.get_distributed_runtime_service = original
-
-
-@contextlib.contextmanager
-def _gloo_bound_to(address: Optional[str]) -> Iterator[None]:
-    """While the CPU client is made, give JAX's gloo collectives ``address`` to bind and announce.
-
-    Without it gloo takes the address the host name resolves to, a loopback address on many
-    machines, which no other machine can reach (see unified/network.py)."""
-    if address is None:
-        yield
-        return
-    from jax._src import xla_bridge
-
-    original = xla_bridge._jax.make_gloo_tcp_collectives
-    xla_bridge._jax.make_gloo_tcp_collectives = lambda *args, **kwargs: original(
-        *args, **{**kwargs, "hostname": kwargs.get("hostname") or address})
-    try:
-        yield
-    finally:
-        xla_bridge._jax.make_gloo_tcp_collectives = original
-
-
 def _detach_runtime() -> None:
     """Leave the coordination service without its shutdown RPCs.
 
@@ -110,11 +60,7 @@ def _detach_runtime() -> None:
     or the group is broken, so we drop JAX's handles instead and keep them referenced forever
     so that no destructor runs the RPCs at exit either.
     """
-    from jax._src.distributed import global_state
-
-    for name in ("preemption_sync_manager", "client", "service"):
-        keep_alive_forever(getattr(global_state, name, None))
-        setattr(global_state, name, None)
+    private.detach_runtime(keep_alive_forever)
 
 
 class _NoAnswer(Exception):
@@ -192,14 +138,10 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
-        from jax._src.distributed import global_state
-
         env = ProcessEnvironment.from_env()
         address = env.coordinator
-        if global_state.client is None and (address or _cluster_detected()):
-            jax.config.update("jax_enable_recoverability", True)
-            # Let SIGTERM end the process (the launcher's stop signal) instead of being logged.
-            jax.config.update("jax_enable_preemption_service", False)
+        if private.coordination_client() is None and (address or private.cluster_detected()):
+            private.configure_recoverable_group()
             kwargs: Dict[str, Any] = {"initialization_timeout": int(max(30, min(timeout, 600)))}
             if address:
                 kwargs.update(coordinator_address=address, num_processes=env.num_processes,
@@ -210,7 +152,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
                 kwargs["cluster_detection_method"] = "deactivate"
             self._external_service = env.service_hosted
             try:
-                with _no_service_here(self._external_service):
+                with private.no_service_here(self._external_service):
                     jax.distributed.initialize(**kwargs)
             except RuntimeError as err:
                 raise DistributedError(
@@ -219,9 +161,9 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
                 ) from err
             self._owns_runtime = True
             atexit.register(self.shutdown)  # runs before JAX's own exit hook (LIFO)
-        self._client = global_state.client
+        self._client = private.coordination_client()
         route = route_to(address.rsplit(":", 1)[0]) if address else None
-        with _gloo_bound_to(route[0] if route else None):  # the CPU client is made here
+        with private.gloo_bound_to(route[0] if route else None):  # the CPU client is made here
             self.process_index = jax.process_index()
         self.num_processes = jax.process_count()
         self.local_process_index = env.local_process_index

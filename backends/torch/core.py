@@ -23,6 +23,7 @@ from unified.errors import DistributedError, first_line, see
 from unified.network import route_to
 from unified.watchdog import CHANNEL_KINDS
 
+from . import private
 from .loop import PreparedScheduler, TorchTrainingLoop
 from .sharding import TorchSharding
 
@@ -352,9 +353,9 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         """Every in-place op on a tensor (``add_`` under ``no_grad``, ``copy_``, optimizer
         steps) bumps its version counter, shared with the ``detach()``-ed views a state_dict
         holds. Edits through ``.data`` or NumPy views are invisible to it (documented)."""
-        versions = [(name, tensor, tensor._version) for name, tensor in arrays.items()
+        versions = [(name, tensor, private.tensor_version(tensor)) for name, tensor in arrays.items()
                     if tensor.device.type == "cpu" and tensor.is_contiguous()]  # others were copied on export
-        return lambda: [name for name, tensor, version in versions if tensor._version != version]
+        return lambda: [name for name, tensor, version in versions if private.tensor_version(tensor) != version]
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         with self.peer_errors("backward() (the gradient all-reduce)"):
@@ -376,8 +377,8 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
             ) from err
 
     def unwrap_model(self, model: Any) -> Any:
-        while isinstance(model, DDP) or hasattr(model, "_orig_mod"):
-            model = model.module if isinstance(model, DDP) else model._orig_mod
+        while isinstance(model, DDP) or private.compiled_inner(model) is not None:
+            model = model.module if isinstance(model, DDP) else private.compiled_inner(model)
         return model
 
     def state_of(self, kind: str, obj: Any) -> Any:

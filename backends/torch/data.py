@@ -23,6 +23,8 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     import torch
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+    from . import private
+
     from unified.data import BatchSampledLoader, PreparedDataLoader, PreparedIterableLoader, SampledLoader
 
     if not isinstance(loader, DataLoader):
@@ -60,7 +62,7 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     options = dict(batches=batches, place=(lambda b: b) if on_cpu else None)
     if loader.batch_size is not None and type(loader.batch_sampler) is BatchSampler:
         sampler = loader.sampler
-        plain_shuffle = type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None
+        plain_shuffle = type(sampler) is RandomSampler and private.draws_one_permutation(sampler)
         if plain_shuffle or type(sampler) is SequentialSampler:
             return PreparedDataLoader(_LoaderSettings(loader, plain_shuffle), backend, seed, **options)
         return SampledLoader(_LoaderSettings(loader, False), backend, seed, _SamplerSource(sampler, loader_seed, False),

@@ -19,6 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from unified.backend import TrainingLoop
 from unified.training_loop import GradientState, LoopSettings, scheduler_steps
 
+from . import private
+
 __all__ = ["TorchTrainingLoop", "PreparedOptimizer", "PreparedScheduler"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -299,7 +301,7 @@ class PreparedScheduler:
     def step(self, *args: Any, **kwargs: Any) -> None:
         for _ in range(scheduler_steps(self._settings)):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses steps past its end
-            if total is not None and self.scheduler._step_count > total:
+            if total is not None and private.scheduler_step_count(self.scheduler) > total:
                 return
             self.scheduler.step(*args, **kwargs)
 

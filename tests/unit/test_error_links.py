@@ -26,8 +26,9 @@ ROOTS = ("unified", "backends")
 # `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `_checksum_mismatch` and
 # `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
 # return CheckpointErrors that end with see(...); `_rows_error` (unified/metrics.py) returns a
-# ValueError ending with see("gather-for-metrics-rows").
-SELF_LINKED = {"BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
+# ValueError ending with see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a
+# BackendUnavailable ending with see("private-api-changed").
+SELF_LINKED = {"changed", "BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
                "_commit_error", "_checksum_mismatch", "_ended", "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
