@@ -117,7 +117,7 @@ class JaxTrainingLoop(TrainingLoop):
         from flax.nnx.training.optimizer import to_opt_state
 
         params = self._parameters_of(optimizer)
-        inner = nnx.as_pure(optimizer.opt_state)
+        inner = _as_pure(optimizer.opt_state)
         optimizer.tx = accumulate_gradients(optimizer.tx, steps)
         # the window's sums live where their parameters live (split over the mesh when sharded)
         sums = jax.tree.map(lambda p: jax.jit(jnp.zeros_like, out_shardings=p.sharding)(p), params)
@@ -131,9 +131,9 @@ class JaxTrainingLoop(TrainingLoop):
         """The prepared model whose parameters this optimizer updates (its state's structure)."""
         from flax import nnx
 
-        wanted = jax.tree.structure(nnx.as_pure(optimizer.opt_state))
+        wanted = jax.tree.structure(_as_pure(optimizer.opt_state))
         for model in self._loop_models:
-            params = nnx.as_pure(nnx.state(model, optimizer.wrt))
+            params = _as_pure(nnx.state(model, optimizer.wrt))
             if jax.tree.structure(jax.eval_shape(optimizer.tx.init, params)) == wanted:
                 return params
         raise ValueError(
@@ -174,3 +174,23 @@ class JaxTrainingLoop(TrainingLoop):
 
     def load_loop_state(self, state: Dict[str, Any]) -> None:
         return None
+
+
+def _as_pure(tree: Any) -> Any:
+    """``nnx.as_pure``: ``tree`` with every ``Variable`` replaced by its value. flax added it in
+    0.12.7; for the older supported releases (README, "Supported versions") it is written out as
+    flax 0.12.8 does it."""
+    from flax import nnx
+    from flax.nnx import variablelib
+
+    if hasattr(nnx, "as_pure"):
+        return nnx.as_pure(tree)
+
+    def pure(leaf: Any) -> Any:
+        if isinstance(leaf, nnx.Variable):
+            return _as_pure(leaf.get_raw_value())
+        if variablelib.is_array_ref(leaf):
+            return leaf[...]
+        return leaf
+
+    return jax.tree.map(pure, tree, is_leaf=lambda leaf: isinstance(leaf, nnx.Variable))

@@ -74,9 +74,9 @@ def test_mesh_is_jax_only_on_torch(monkeypatch):
 
 def test_mesh_on_jax_is_the_backends_data_mesh(monkeypatch):
     jax = pytest.importorskip("jax")
-    from backends.jax.core import _cluster_detected
+    from backends.jax.private import cluster_detected
 
-    if _cluster_detected():
+    if cluster_detected():
         pytest.skip("a cluster environment (e.g. SLURM) would make this Accelerator join a group")
     monkeypatch.delenv("UNIFIED_COORDINATOR_ADDRESS", raising=False)
     acc = Accelerator(backend="jax")
