@@ -61,12 +61,17 @@ def coordination_client() -> Any:
     return distributed_state().client
 
 
-def _client_class() -> Any:
+def _lib_jax(what: str) -> Any:
+    """``jax._src.lib._jax`` (JAX's compiled extension), or the error naming ``what`` needs it."""
     try:
         from jax._src.lib import _jax
     except ImportError as err:
-        raise changed("the coordination client", f"jax._src.lib._jax cannot be imported ({err})") from err
-    cls = getattr(_jax, "DistributedRuntimeClient", None)
+        raise changed(what, f"jax._src.lib._jax cannot be imported ({err})") from err
+    return _jax
+
+
+def _client_class() -> Any:
+    cls = getattr(_lib_jax("the coordination client"), "DistributedRuntimeClient", None)
     if cls is None:
         raise changed("the coordination client", "jax._src.lib._jax.DistributedRuntimeClient is gone")
     return cls
@@ -140,11 +145,7 @@ def _service_factory_holder() -> Any:
 
 def start_service(address: str, num_processes: int, heartbeat_timeout: int, shutdown_timeout: int) -> Any:
     """Host a recoverable coordination service for ``num_processes`` processes on ``address``."""
-    try:
-        from jax._src.lib import _jax
-    except ImportError as err:
-        raise changed("the coordination service", f"jax._src.lib._jax cannot be imported ({err})") from err
-    factory = getattr(_jax, "get_distributed_runtime_service", None)
+    factory = getattr(_lib_jax("the coordination service"), "get_distributed_runtime_service", None)
     if factory is None:
         raise changed("the coordination service", "jax._src.lib._jax.get_distributed_runtime_service is gone")
     options = dict(heartbeat_timeout=heartbeat_timeout, shutdown_timeout=shutdown_timeout)

@@ -234,9 +234,8 @@ def fsdp_bf16_accumulate(state: dict) -> dict:
             "norm_diff": max(abs(a - b) for a, b in zip(norms, ref_norms))}
 
 
-def fsdp_kill_setup(state: dict) -> dict:
-    """Automatic naming: checkpoint_0 is committed, then the group hangs inside the next save's
-    sharded write (its shard files written, nothing committed) until the parent kills it."""
+def _killed_project_run(state: dict):
+    """The sharded run of the kill scenarios (automatic naming in a shared project), prepared."""
     plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
     acc = Accelerator(timeout=60, seed=7, fsdp_plugin=plugin, project_config=unified.ProjectConfiguration(
         _shared("killed_project"), automatic_checkpoint_naming=True))
@@ -246,6 +245,13 @@ def fsdp_kill_setup(state: dict) -> dict:
     model = _build()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     model, optimizer = acc.prepare(model, optimizer)
+    return acc, model, optimizer
+
+
+def fsdp_kill_setup(state: dict) -> dict:
+    """Automatic naming: checkpoint_0 is committed, then the group hangs inside the next save's
+    sharded write (its shard files written, nothing committed) until the parent kills it."""
+    acc, model, optimizer = _killed_project_run(state)
     _train(acc, model, optimizer, 1)
     acc.save_state()
     values = _values(acc, model, optimizer)
@@ -267,15 +273,7 @@ def fsdp_kill_setup(state: dict) -> dict:
 
 
 def fsdp_kill_resume(state: dict) -> dict:
-    plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["Block"])
-    acc = Accelerator(timeout=60, seed=7, fsdp_plugin=plugin, project_config=unified.ProjectConfiguration(
-        _shared("killed_project"), automatic_checkpoint_naming=True))
-    state["acc"] = acc
-    import torch
-
-    model = _build()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    model, optimizer = acc.prepare(model, optimizer)
+    acc, model, optimizer = _killed_project_run(state)
     loaded = acc.load_state()
     values = _values(acc, model, optimizer)
     with open(_shared("killed_expected.json")) as handle:
