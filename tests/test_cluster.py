@@ -111,6 +111,8 @@ print("RESULT " + json.dumps({"index": acc.process_index, "local": acc.local_pro
                               "local_count": acc._backend.local_num_processes, "num": acc.num_processes,
                               "local_main": acc.is_local_main_process, "entered": entered, "left": left}), flush=True)
 acc.end_training()
+if acc.process_index != 0:  # outlive process 0, which hosts JAX's coordination service here
+    time.sleep(1.5)
 """
 
 
@@ -128,7 +130,8 @@ def _slurm_job_id_with_a_free_port() -> str:
 
 @pytest.mark.skipif("jax" not in BACKENDS, reason="jax is not installed")
 def test_jax_under_srun_takes_the_local_index_from_slurm(tmp_path):
-    """srun -n 3 on one node: SLURM_LOCALID 0..2, SLURM_STEP_TASKS_PER_NODE=3."""
+    """srun -n 3 on one node: SLURM_LOCALID 0..2, SLURM_STEP_TASKS_PER_NODE=3. Process 0 hosts
+    the coordination service and ends first: the others must not be aborted by its exit."""
     script = tmp_path / "local.py"
     script.write_text(LOCAL_SCRIPT)
     env = _job_env(tmp_path, _slurm_job_id_with_a_free_port())

@@ -129,6 +129,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         self._external_service = False
         self._stale_keys: List[str] = []
         self._calls: Optional[_Caller] = None
+        self._timeout = 60.0
         self._flag_primed = False
         self._key_seed = 0
         self._key_counter = 0
@@ -138,6 +139,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
+        self._timeout = timeout
         env = ProcessEnvironment.from_env()
         address = env.coordinator
         if private.coordination_client() is None and (address or private.cluster_detected()):
@@ -174,16 +176,35 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
                 self.local_process_index, self.local_num_processes = local
 
     def shutdown(self) -> None:
+        """Leave the group. The launcher's service outlives us, so a normal goodbye is safe. When
+        process 0 hosts the service (JAX's cluster detection, e.g. srun), every other process
+        says goodbye while process 0 waits for them; only then does process 0 leave. Otherwise
+        its exit would close the service under a peer that is still running, and JAX's error
+        poller aborts that peer (SIGABRT)."""
         if not self._owns_runtime:
             return
         self._owns_runtime = False
-        if self._external_service:  # the launcher's service outlives us: a normal goodbye is safe
+        if self._external_service or self.process_index != 0:
             try:
                 jax.distributed.shutdown()
             except Exception:
                 _detach_runtime()
-        else:
-            _detach_runtime()
+            return
+        self._wait_for_peers_to_leave()
+        _detach_runtime()
+
+    def _wait_for_peers_to_leave(self) -> None:
+        """Process 0 with the service: return once every other process has disconnected (or
+        after the timeout). ``get_live_nodes`` answers only when each listed process has either
+        called it too or left the service, which is what we wait for."""
+        if self.num_processes == 1 or self._client is None:
+            return
+        if self._calls is None:
+            self._calls = _Caller()
+        try:
+            self._calls.call(lambda: self._client.get_live_nodes(list(range(self.num_processes))), self._timeout)
+        except Exception:  # noqa: BLE001 - a broken group: leave anyway, nobody is left to protect
+            pass
 
     @property
     def device(self) -> Any:
