@@ -12,7 +12,8 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "cluster_local_process"]
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "cluster_local_process", "visible_gpus",
+           "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
 BACKEND_VARIABLE = "UNIFIED_BACKEND"
@@ -134,3 +135,45 @@ def cluster_local_process(environ: Optional[Mapping[str, str]] = None) -> Option
     if local.isdigit() and size.isdigit():
         return int(local), int(size)
     return None
+
+
+def visible_gpus(environ: Optional[Mapping[str, str]] = None, driver: str = "/proc/driver/nvidia/gpus") -> int:
+    """How many GPUs this process may use, read without starting any framework: the entries of
+    ``CUDA_VISIBLE_DEVICES`` when it is set, else the GPUs the NVIDIA driver lists (0 without one).
+
+    Example:
+        >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
+        2
+    """
+    environ = os.environ if environ is None else environ
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        count = 0
+        for entry in listed.split(","):
+            if not entry.strip() or entry.strip().startswith("-"):  # CUDA stops at the first invalid id
+                break
+            count += 1
+        return count
+    try:
+        return len(os.listdir(driver))
+    except OSError:
+        return 0
+
+
+def local_device_share(local_index: int, local_count: int, gpus: int) -> Optional[List[int]]:
+    """The visible GPUs (indices among the visible ones) that local process ``local_index`` of
+    ``local_count`` owns: an equal, contiguous share, so that several processes on one machine
+    never use the same GPU. ``None`` when there is nothing to split (one process, no GPUs, or
+    fewer GPUs than processes, which the user has then arranged some other way); GPUs left over
+    by an uneven split stay unused.
+
+    Example:
+        >>> local_device_share(1, 2, 8)
+        [4, 5, 6, 7]
+        >>> local_device_share(0, 1, 8) is None
+        True
+    """
+    if local_count <= 1 or gpus < local_count:
+        return None
+    share = gpus // local_count
+    return list(range(local_index * share, (local_index + 1) * share))

@@ -23,7 +23,7 @@ from jax.experimental import multihost_utils
 from backends.common import keep_alive_forever, next_instance, timeout_error
 from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
                              ShardedTraining, TrainingObjects)
-from unified.environment import ProcessEnvironment, cluster_local_process
+from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see
 from unified.network import route_to
 
@@ -152,6 +152,9 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
                 # The launcher gave every value: no cluster detection, whose SLURM reading would
                 # still restrict each process to the GPU numbered SLURM_LOCALID (jax >= 0.5).
                 kwargs["cluster_detection_method"] = "deactivate"
+                share = local_device_share(env.local_process_index, env.local_num_processes, visible_gpus())
+                if share is not None:  # several processes on this machine: each its own GPUs
+                    kwargs["local_device_ids"] = share
             self._external_service = env.service_hosted
             try:
                 with private.no_service_here(self._external_service):
