@@ -1,5 +1,6 @@
 """What the benchmarks that measure inside a launched group share: process 0 reports one JSON
-line, and the parent launches the script on 2 processes per backend and reads that line back."""
+line, and the parent launches the script on 2 processes per backend (or as many as it asks for)
+and reads that line back."""
 from __future__ import annotations
 
 import json
@@ -20,10 +21,11 @@ def report(result: dict) -> None:
     print(MARKER + json.dumps(result), flush=True)
 
 
-def run_launched(script: str, backend: str, worker_args: List[str], timeout: float) -> Optional[dict]:
-    """``unified launch -n 2 --backend B script --worker ...``; process 0's `report`, with the
-    group's wall time as ``wall_s``, or None (and the output on stderr) when there is none."""
-    command = [sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
+def run_launched(script: str, backend: str, worker_args: List[str], timeout: float, processes: int = 2) -> Optional[dict]:
+    """``unified launch -n 2 --backend B script --worker ...`` (``processes`` instead of 2);
+    process 0's `report`, with the group's wall time as ``wall_s``, or None (and the output on
+    stderr) when there is none."""
+    command = [sys.executable, "-m", "unified", "launch", "-n", str(processes), "--backend", backend,
                str(Path(script).resolve()), "--worker", *worker_args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     env.setdefault("OMP_NUM_THREADS", "1")
