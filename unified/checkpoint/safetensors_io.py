@@ -424,9 +424,14 @@ def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int,
         if size is not None and actual != size:
             raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
                                   + see("size-mismatch"))
-        for chunk in iter(lambda: handle.read(_CHUNK), b""):
-            digest.update(chunk)
-            total += len(chunk)
+        buffer = bytearray(min(_READ_CHUNK, max(actual, 1)))  # one buffer, reused: no fresh memory per chunk
+        view = memoryview(buffer)
+        while True:
+            count = handle.readinto(view)
+            if not count:
+                break
+            digest.update(view[:count])
+            total += count
         identity = _identity(os.fstat(handle.fileno()))
     if checksum is not None and digest.hexdigest() != checksum:
         raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
