@@ -156,10 +156,19 @@ def _group_failed(group: harness.GroupResult, scenario: str) -> Optional[str]:
 
 
 # -- 1. a process dies during training ---------------------------------------------------------------------
+SLOW_RETRIES = 2  # reruns of a trial whose victim was still alive when a survivor's timeout ran out
+
+
+def _outrun_by_the_timeout(group: harness.GroupResult, victim: int) -> bool:
+    """The victim was told that another process timed out before it reached its planned kill: on
+    a loaded machine the trial's short timeout ran out before the fault; nothing was measured."""
+    return group.returncodes[victim] != -9 and "BarrierTimeout" in group.logs[victim]
+
+
 def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, timeout: float, size: int) -> Row:
     row = Row("1 process SIGKILLed in training loop", backend)
     phases: Dict[str, int] = {}
-    worst_exit = 0.0
+    worst_exit, retried = 0.0, 0
     for t in range(trials):
         shared = work / f"r1-{backend}-{t}"
         shared.mkdir()
@@ -167,9 +176,15 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
         phase, jitter = rng.choice(["step", "sync"]), rng.uniform(0.0, 0.05)
         phases[phase] = phases.get(phase, 0) + 1
         what = f"trial {t}: victim {victim}, step {step}, before its {phase}"
-        group = run_group(backend, size, ["fault_train_kill"], shared, deadline=120 + 3 * timeout,
-                          extra_env=_env(shared, FAULT_TIMEOUT=timeout, FAULT_VICTIM=victim, FAULT_KILL_STEP=step,
-                                         FAULT_PHASE=phase, FAULT_JITTER=jitter, FAULT_STEPS=TRAIN_STEPS))
+        for attempt in range(1 + SLOW_RETRIES):
+            group = run_group(backend, size, ["fault_train_kill"], shared, deadline=120 + 3 * timeout,
+                              extra_env=_env(shared, FAULT_TIMEOUT=timeout, FAULT_VICTIM=victim, FAULT_KILL_STEP=step,
+                                             FAULT_PHASE=phase, FAULT_JITTER=jitter, FAULT_STEPS=TRAIN_STEPS))
+            if not _outrun_by_the_timeout(group, victim) or attempt == SLOW_RETRIES:
+                break
+            retried += 1  # inconclusive, not a failure: the fault never happened
+            shutil.rmtree(shared)
+            shared.mkdir()
         killed_file = shared / "killed.json"
         if group.returncodes[victim] != -9 or not killed_file.exists():
             row.record(False, f"{what}: the victim did not die as planned (exit {group.returncodes[victim]}): "
@@ -212,7 +227,10 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
                 problems.append(f"process {rank} raised only {to_error:.1f} s after the kill")
         row.record(not problems, f"{what}: " + "; ".join(problems), slowest_error)
     row.notes = (f"{size} processes, timeout {timeout:g} s; kill before step/sync: "
-                 f"{phases.get('step', 0)}/{phases.get('sync', 0)}; worst exit after the kill "
+                 f"{phases.get('step', 0)}/{phases.get('sync', 0)}; "
+                 + (f"{retried} trial(s) rerun because a survivor timed out before the planned kill (a loaded "
+                    "machine: the fault never happened); " if retried else "")
+                 + "worst exit after the kill "
                  f"{'never (hung)' if worst_exit == float('inf') else f'{worst_exit:.1f} s'}")
     return row
 
