@@ -703,10 +703,11 @@ class CheckpointManager:
         return manifest, states, rng, sharded_files
 
     def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
-        """The sharded arrays' reader (Orbax) opens whatever its folder holds: every entry there
+        """The sharded arrays' reader (Orbax, DCP) opens whatever its folder holds: every entry there
         must be a plain file or folder (no link, FIFO or device) that the manifest lists and whose
-        size and checksum match; a manifest naming sharded arrays must list their files. Returns
-        each file's identity as verified (see `_with_sharded`)."""
+        size and checksum match; a manifest naming sharded arrays must list their files. Each
+        process reads and checks its share of the files (the load shares failures before anything
+        is read); returns the identity of each file it checked (see `_with_sharded`)."""
         where = os.path.join(directory, "manifest.json")
         if self.sharding is None:
             raise CheckpointError(f"{where}: holds arrays sharded across processes, which the {self.backend.name!r} "
@@ -728,8 +729,11 @@ class CheckpointManager:
                     what = "not a regular file" if not stat.S_ISREG(mode) else "not listed in the manifest"
                     raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it."
                                           + see("sharded-files-unlisted"))
-        return {path: safetensors_io.verify_for_reader(path, info["size"], info["xxh3"])
-                for path, info in ((check_file_name(directory, name), info) for name, info in listed.items())}
+        # The checkpoint folder is one shared file system (docs/multi-host.md): each process checks
+        # an equal share of the files, and `load` shares every failure before any reader opens one.
+        share = sorted(listed)[self.backend.process_index::self.backend.num_processes]
+        return {path: safetensors_io.verify_for_reader(path, listed[name]["size"], listed[name]["xxh3"])
+                for path, name in ((check_file_name(directory, name), name) for name in share)}
 
     def _check_fits(self, entry: Entry, saved: Dict[str, np.ndarray], sharded: Any, where: str) -> None:
         """Before anything is restored: every array of a prepared object is in the file with the
