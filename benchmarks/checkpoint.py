@@ -3,10 +3,13 @@
 Run from the repository root:
 
     python benchmarks/checkpoint.py [--size-gb 1.5] [--repeats 3] [--dir DIR] [--parts torch,jax]
-                                    [--hidden 2048] [--profile-passes 2] [--load-rounds 0]
+                                    [--hidden 2048] [--profile-passes 2] [--load-rounds 0] [--no-picture]
 
 Each framework runs in its own subprocess (``--part torch`` / ``--part jax``) that prints one
-JSON line; the parent prints a markdown table, bytes on disk, throughput and a phase profile.
+JSON line; the parent prints a markdown table, bytes on disk, throughput and a phase profile,
+and draws the timed rounds in docs/benchmarks/img/checkpoint.png (save and load of every
+contender), checkpoint-loads.png and checkpoint-resume.png (the load comparisons, when run);
+``--no-picture``: no pictures.
 
 What is measured (single process, CPU, page cache warm; it cannot be dropped without root):
 
@@ -69,6 +72,9 @@ from typing import Any, Callable, Dict, List
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import plot  # noqa: E402  (benchmarks/ is not a package)
+from mdtable import spread, table  # noqa: E402
 MARKER = "UNIFIED_BENCH_JSON "
 GB = 1e9
 
@@ -608,20 +614,48 @@ def _speedup(ours: float, baseline: float) -> str:
 def _load_table(results: List[Dict[str, Any]], key: str) -> List[str]:
     """A load comparison (`_compare_loads`: ``loads``; `_resume_rounds`: ``resume``): every
     contender's min / median / max and spread, and its median against the raw read limit's."""
-    lines = ["| framework | load of | rounds | min (s) | median (s) | max (s) | spread (max/min) | median / limit |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for res in results:
         loads = res.get(key)
         if not loads:
             continue
         limit = statistics.median(loads["samples"]["raw readinto (limit)"])
         for name, values in loads["samples"].items():
-            med = statistics.median(values)
-            lines.append(f"| {res['framework']} ({loads['bytes'] / GB:.2f} GB) | {name} | {len(values)} | {min(values):.3f} | "
-                         f"{med:.3f} | {max(values):.3f} | {max(values) / min(values):.1f}x | {med / limit:.2f}x |")
-        lines.append(f"| | samples (s) | {json.dumps({n: [round(x, 3) for x in v] for n, v in loads['samples'].items()})} "
-                     "| | | | | |")
-    return lines if len(lines) > 2 else []
+            rows.append([f"{res['framework']} ({loads['bytes'] / GB:.2f} GB)", name, len(values),
+                         *spread(values, limit, spread_digits=1, ratio_digits=2)])
+        rows.append(["", "samples (s)", json.dumps({n: [round(x, 3) for x in v] for n, v in loads["samples"].items()}),
+                     "", "", "", "", ""])
+    header = ["framework", "load of", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)", "median / limit"]
+    return table(header, "llrrrrrr", rows).splitlines() if rows else []
+
+
+NAMES = {"ours": "ours", "accelerate": "Accelerate", "orbax": "Orbax (default: zstd)",
+         "orbax_uncompressed": "Orbax, use_compression=False"}
+
+
+def picture(results: List[Dict[str, Any]]) -> None:
+    """The timed rounds of every contender: checkpoint.png (save and load of ours, the peers and
+    our async save's blocking part), checkpoint-loads.png and checkpoint-resume.png (the load
+    comparisons with the raw read limit, when they ran)."""
+    rounds: Dict[str, Dict[str, List[float]]] = {}
+    for res in results:
+        fw, samples = res["framework"], res.get("samples", {})
+        for op in ("save_state", "load_state"):
+            group = rounds.setdefault(f"{fw} {op} ({res['state_bytes'] / GB:.2f} GB)", {})
+            for name, times in samples.items():
+                if op in times:
+                    group[NAMES.get(name, name)] = times[op]
+            if op == "save_state" and "async blocking" in samples.get("ours_async", {}):
+                group["ours, save_state(async_save=True): blocking part"] = samples["ours_async"]["async blocking"]
+    if any(rounds.values()):
+        plot.draw(plot.image("checkpoint"), "save_state / load_state: ours against Accelerate (torch) and Orbax (JAX)",
+                  "seconds", rounds)
+    for key, part, what in (("loads", "loads", "repeated in one process"),
+                            ("resume", "resume", "each in a fresh process (a resume)")):
+        loads = {f"{res['framework']} ({res[key]['bytes'] / GB:.2f} GB)": res[key]["samples"]
+                 for res in results if res.get(key)}
+        if loads:
+            plot.draw(plot.image("checkpoint", part), f"load_state against the raw read limit, {what}", "seconds", loads)
 
 
 def report(results: List[Dict[str, Any]]) -> str:
@@ -722,6 +756,7 @@ def main() -> None:
     parser.add_argument("--save-to", help=argparse.SUPPRESS)
     parser.add_argument("--resume-from", help=argparse.SUPPRESS)
     parser.add_argument("--resume-as", help=argparse.SUPPRESS)
+    plot.add_option(parser)
     args = parser.parse_args()
 
     if args.part:
@@ -755,6 +790,8 @@ def main() -> None:
           f"wall time {time.perf_counter() - started:.0f} s; 1-min load average at start {load_start:.2f}, "
           f"at end {os.getloadavg()[0]:.2f} (other processes on this machine disturb the timings)\n")
     print(report(results))
+    if not args.no_picture:
+        picture(results)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,15 @@
 
 Run from the repository root:
 
-    python benchmarks/collectives.py [--iters 2000] [--block 50] [--backends torch,jax]
+    python benchmarks/collectives.py [--iters 2000] [--block 50] [--backends torch,jax] [--no-picture]
 
 For each backend the script launches itself on 2 processes with
 ``python -m unified launch -n 2 --backend B benchmarks/collectives.py --worker ...``.
 Each worker creates ``Accelerator()``, warms up, then measures every call on its own
 (``time.perf_counter_ns``), alternating blocks of raw and ours calls (the order flips every
 block, so drift in machine load hits both sides alike). Process 0 prints one JSON line with
-the medians; the parent prints a markdown table.
+the medians; the parent prints a markdown table and draws docs/benchmarks/img/collectives.png
+(the median of each block of calls as one sample; ``--no-picture``: not).
 
 What is compared:
 
@@ -39,6 +40,8 @@ from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
+import plot  # noqa: E402
+from mdtable import table as markdown_table  # noqa: E402
 RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
 
 
@@ -66,6 +69,7 @@ def _measure(pairs: Dict[str, Callable[[], object]], iters: int, block: int, war
                 out.append(clock() - t0)
     result = {}
     for name, values in samples.items():
+        blocks = [statistics.median(values[i:i + block]) / 1e3 for i in range(0, len(values), block)]
         values.sort()
         n = len(values)
         result[name] = {
@@ -73,6 +77,7 @@ def _measure(pairs: Dict[str, Callable[[], object]], iters: int, block: int, war
             "p10_us": values[n // 10] / 1e3,
             "p90_us": values[(9 * n) // 10] / 1e3,
             "n": n,
+            "block_medians_us": blocks,
         }
     return result
 
@@ -215,8 +220,7 @@ def worker(args: argparse.Namespace) -> None:
 
 # -- parent: launch one group per backend and print the table ----------------------------------
 def table(results: List[dict]) -> str:
-    lines = ["| backend | operation | ours median (µs) | raw median (µs) | ratio |",
-             "|---|---|---:|---:|---:|"]
+    rows = []
     for result in results:
         for row in result["rows"]:
             stats = row["stats"]
@@ -225,9 +229,20 @@ def table(results: List[dict]) -> str:
                 if name == "ours":
                     continue
                 label = row["operation"] if name == "raw" else f"{row['operation']} ({name})"
-                lines.append(f"| {result['backend']} | {label} | {ours:.1f} | {s['median_us']:.1f} | "
-                             f"{ours / s['median_us']:.2f}x |")
-    return "\n".join(lines)
+                rows.append([result["backend"], label, f"{ours:.1f}", f"{s['median_us']:.1f}",
+                             f"{ours / s['median_us']:.2f}x"])
+    return markdown_table(["backend", "operation", "ours median (µs)", "raw median (µs)", "ratio"], "llrrr", rows)
+
+
+def picture(results: List[dict]) -> None:
+    """docs/benchmarks/img/collectives.png: per backend and operation, ours, the raw primitive
+    and the "info" variants; one sample per block of calls (its median: a single call's
+    min-max would only show the machine's hiccups)."""
+    samples = {f"{r['backend']} {row['operation']}": {name: s["block_medians_us"] for name, s in row["stats"].items()}
+               for r in results for row in r["rows"]}
+    block = results[0]["block"] if results else 0
+    plot.draw(plot.image("collectives"), f"per-call latency, {results[0]['num_processes'] if results else 2} processes",
+              "µs per call", samples, note=f"a run = the median of a block of {block} calls")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -238,6 +253,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
     parser.add_argument("--group-timeout", type=float, default=300.0, help="seconds per backend run")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    plot.add_option(parser)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
@@ -249,6 +265,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if results is None:
         return 1
     print(table(results))
+    if not args.no_picture:
+        picture(results)
     return 0
 
 

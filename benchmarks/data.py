@@ -2,7 +2,10 @@
 
 Run from the repository root (one process; the JAX part runs in a child process):
 
-    python benchmarks/data.py [--rounds 7] [--skip-samples 6400000] [--no-jax]
+    python benchmarks/data.py [--rounds 7] [--skip-samples 6400000] [--no-jax] [--no-picture]
+
+Besides its tables it draws docs/benchmarks/img/data-skip.png, data-iterable.png,
+data-overhead.png and data-overhead-jax.png (one per table; ``--no-picture``: none).
 
 What is measured (all single-process, CPU, ``num_workers=0``):
 
@@ -44,6 +47,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import plot  # noqa: E402  (benchmarks/ is not a package)
 MARKER = "UNIFIED_BENCH_JSON "
 SKIP = 100_000
 BATCH = 32
@@ -324,6 +329,21 @@ def _overhead_rows(times: Dict[str, List[List[float]]], batches: int, baseline: 
     return out
 
 
+def _label(name: str) -> str:
+    return name.replace("`", "")
+
+
+def _overhead_picture(part: str, title: str, times: Dict[str, List[List[float]]], batches: int) -> None:
+    """Per epoch, µs per batch over the whole epoch and in the steady state (`_overhead_rows`)."""
+    samples: Dict[str, Dict[str, List[float]]] = {"whole epoch": {}, "steady state (epoch start left out)": {}}
+    for name, rounds in times.items():
+        block = batches // len(rounds[0])
+        samples["whole epoch"][_label(name)] = [sum(blocks) / batches * 1e6 for blocks in rounds]
+        samples["steady state (epoch start left out)"][_label(name)] = [
+            statistics.median(blocks[1:]) / block * 1e6 for blocks in rounds if len(blocks) > 1]
+    plot.draw(plot.image("data", part), title, "µs per batch", samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
@@ -331,6 +351,7 @@ def main() -> None:
     parser.add_argument("--skip-samples", type=int, default=6_400_000)
     parser.add_argument("--no-jax", action="store_true")
     parser.add_argument("--jax-worker", action="store_true")
+    plot.add_option(parser)
     args = parser.parse_args()
     if args.jax_worker:
         jax_worker(args.rounds, args.batches)
@@ -351,8 +372,10 @@ def main() -> None:
     print("| dataset (batches left after skip) | loader | time to first batch (ms) | `__getitem__` calls "
           "| skipped batches loaded | notes |")
     print("|---|---|---:|---:|---:|---|")
+    skips: Dict[str, Dict[str, List[float]]] = {}
     for n in (BATCH * (SKIP + 1_000), args.skip_samples):
         for row in bench_map_skip(n, acc, hf):
+            skips.setdefault(f"{n:,} samples ({row['left']:,} batches left)", {})[_label(row["who"])] = [row["total"] * 1e3]
             loaded = row["calls"] - (2 * BATCH if row["who"].startswith("Accelerate") else BATCH)
             note = row["detail"] + ("" if row["correct"] else "; WRONG FIRST BATCH")
             print(f"| {n:,} ({row['left']:,}) | {row['who']} | {_ms(row['total'])} | {row['calls']} | "
@@ -362,7 +385,10 @@ def main() -> None:
     print("## 2. Skip 1,000 batches of an iterable dataset (torch `IterableDataset`, batch 8)\n")
     print("| loader | time to first batch (ms) | items read | notes |")
     print("|---|---:|---:|---|")
+    streams: Dict[str, List[float]] = {}
     for row in bench_iterable_skip(acc, hf):
+        if row["total"] is not None:
+            streams[_label(row["who"])] = [row["total"] * 1e3]
         t = "—" if row["total"] is None else _ms(row["total"])
         c = "—" if row["calls"] is None else f"{row['calls']:,}"
         print(f"| {row['who']} | {t} | {c} | {row['detail']} |", flush=True)
@@ -379,6 +405,16 @@ def main() -> None:
         print("\n".join(_overhead_rows(res["times"], args.batches, "plain NumPy loop + `jnp.asarray`")))
     print("\nTarget: prepared-loader overhead < 3%.")
     print(f"\nTotal runtime {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.1f}")
+    if not args.no_picture:
+        plot.draw(plot.image("data", "skip"), f"skip {SKIP:,} batches of a map-style dataset (batch {BATCH}): "
+                  "time to the first batch", "ms (log scale)", skips, log=True)
+        plot.draw(plot.image("data", "iterable"), "skip 1,000 batches of an iterable dataset (batch 8): "
+                  "time to the first batch", "ms (log scale)", {"iterable dataset": streams}, log=True)
+        per = f"{args.batches:,} batches of 64 x float32[256]"
+        _overhead_picture("overhead", f"per-batch cost of a prepared loader, torch backend, {per}", times, args.batches)
+        if not args.no_jax:
+            _overhead_picture("overhead-jax", f"per-batch cost of a prepared loader, JAX backend, {per}", res["times"],
+                              args.batches)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ Run from the repository root:
     python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-11, 100 damage cases
     python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
-             --seed N --rows 1,2,... --keep
+             --seed N --rows 1,2,... --keep --no-picture
 
 Prints one table (fault | backend | trials | passes | worst time to error | notes), then the
-failing trials in detail, and exits 1 if any row is below 100%.
+failing trials in detail, and exits 1 if any row is below 100%. Draws the share of passing
+trials per row and backend in docs/benchmarks/img/faults.png and, when rows 7-8 ran, the time
+from the preemption signal to the committed checkpoint in faults-preemption.png
+(``--no-picture``: neither).
 
 Every group is started by the conformance harness (`tests/conformance/harness.run_group`),
 whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
@@ -92,6 +95,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.conformance import harness  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import plot  # noqa: E402  (benchmarks/ is not a package)
 from unified.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 
 VERBOSE = False
@@ -119,6 +124,7 @@ class Row:
     notes: str = ""
     failures: List[str] = field(default_factory=list)
     skipped: bool = False  # could not run here (the notes say why); not a failure
+    commit_times: List[float] = field(default_factory=list)  # rows 7-8: signal -> committed checkpoint (s)
 
     def record(self, ok: bool, what: str, time_s: Optional[float] = None) -> None:
         self.trials += 1
@@ -658,6 +664,7 @@ def row_preemption(backend: str, trials: int, rng: random.Random, work: Path, la
             times.append(committed)
         row.record(not problems, f"trial {t}: {signal.Signals(sig).name} to {whom} at step {step}: " + "; ".join(problems),
                    committed)
+    row.commit_times = times
     if times:
         ordered = sorted(times)
         row.notes = (f"{size} processes via unified launch; signal -> committed checkpoint: median "
@@ -780,6 +787,26 @@ def table(rows: List[Row]) -> str:
     return "\n".join(lines)
 
 
+def picture(rows: List[Row]) -> None:
+    """faults.png: the share of passing trials per row and backend (the counts over the bars);
+    faults-preemption.png: signal -> committed checkpoint of every trial of rows 7-8."""
+    ran = sorted((r for r in rows if r.trials and not r.skipped), key=lambda r: int(r.fault.split()[0]))  # stable
+    passed = {r.fault: {} for r in ran}
+    counts = {r.fault: {} for r in ran}
+    for r in ran:
+        passed[r.fault][r.backend] = [100.0 * r.passes / r.trials]
+        counts[r.fault][r.backend] = f"{r.passes}/{r.trials}"
+    plot.draw(plot.image("faults"), "fault trials per row and backend", "% of trials passed", passed, labels=counts,
+              subtitle="bar: the share of trials that passed; over it: passes / trials")
+    commits = {}
+    for r in sorted(rows, key=lambda r: int(r.fault.split()[0])):
+        if r.commit_times:
+            commits.setdefault(r.fault, {})[r.backend] = r.commit_times
+    if commits:
+        plot.draw(plot.image("faults", "preemption"), f"preemption: signal -> committed checkpoint "
+                  f"(grace period {PREEMPTION_GRACE:g} s)", "seconds", commits)
+
+
 START = time.monotonic()
 
 
@@ -800,6 +827,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="rows to run (default: all; --short: 1-6: tests/conformance/test_preemption.py covers 7-8 and tests/test_multihost_netns.py 9-11 in CI)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
+    plot.add_option(parser)
     args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
@@ -829,6 +857,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print()
     print(table(rows))
     print(f"\n{sum(r.trials for r in rows)} trials in {elapsed:.0f} s (seed {seed}; rerun with --seed {seed})")
+    if not args.no_picture:
+        picture(rows)
     failing = [r for r in rows if not r.skipped and (r.passes < r.trials or not r.trials)]
     for r in failing:
         print(f"\nFAILED: {r.fault} [{r.backend}] {r.passes}/{r.trials}")

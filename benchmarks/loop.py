@@ -3,7 +3,7 @@ written with the raw framework, and against Accelerate (torch), in one run.
 
 Run from the repository root:
 
-    python benchmarks/loop.py [--rounds 7] [--windows 6] [--steps 4] [--backends torch,jax]
+    python benchmarks/loop.py [--rounds 7] [--windows 6] [--steps 4] [--backends torch,jax] [--no-picture]
 
 For each backend the script launches itself on 2 processes
 (``python -m unified launch -n 2 --backend B benchmarks/loop.py --worker ...``). Every contender
@@ -11,7 +11,8 @@ trains its own copy of the same MLP on the same pre-generated batches; a round t
 ``--windows`` accumulation windows of ``--steps`` micro-batches per contender, the contenders'
 order rotating every round (so drift in machine load hits all alike) after one untimed warm-up
 round. Process 0 prints one JSON line; the parent prints a table of min / median / max seconds
-per micro-step and each median's ratio to the raw loop.
+per micro-step and each median's ratio to the raw loop, and draws them (every round) in
+docs/benchmarks/img/loop.png (``--no-picture``: not).
 
 Contenders:
 
@@ -40,6 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
+import plot  # noqa: E402
+from mdtable import spread, table as markdown_table  # noqa: E402
 
 FEATURES, HIDDEN, BATCH = 256, 512, 64  # BATCH rows per process and micro-batch
 
@@ -64,7 +67,7 @@ def _time_rounds(contenders: Dict[str, Callable[[int], None]], rounds: int, micr
             contenders[name](micro_steps)
             barrier()
             samples[name].append((time.perf_counter() - start) / micro_steps)
-    return {name: {"min_s": min(v), "median_s": statistics.median(v), "max_s": max(v), "n": len(v)}
+    return {name: {"min_s": min(v), "median_s": statistics.median(v), "max_s": max(v), "n": len(v), "samples": v}
             for name, v in samples.items()}
 
 
@@ -217,13 +220,19 @@ def worker(args: argparse.Namespace) -> None:
 
 # -- parent ------------------------------------------------------------------------------------------
 def table(results: List[dict]) -> str:
-    lines = ["| backend | loop | min (ms/micro-step) | median | max | median / raw |", "|---|---|---:|---:|---:|---:|"]
+    rows = []
     for result in results:
         raw = result["stats"]["raw"]["median_s"]
         for name, s in result["stats"].items():
-            lines.append(f"| {result['backend']} | {name} | {s['min_s'] * 1e3:.2f} | {s['median_s'] * 1e3:.2f} | "
-                         f"{s['max_s'] * 1e3:.2f} | {s['median_s'] / raw:.3f}x |")
-    return "\n".join(lines)
+            rows.append([result["backend"], name, *spread(s["samples"], raw, scale=1e3, digits=2)])
+    return markdown_table(["backend", "loop", "min (ms/micro-step)", "median", "max", "median / raw"], "llrrrr", rows)
+
+
+def picture(results: List[dict]) -> None:
+    """docs/benchmarks/img/loop.png: each backend's loops, ms per micro-step of every round."""
+    samples = {f"{r['backend']} ({r['num_processes']} processes, N={r['steps']})":
+               {name: [x * 1e3 for x in s["samples"]] for name, s in r["stats"].items()} for r in results}
+    plot.draw(plot.image("loop"), "bf16 + gradient accumulation loop, per micro-step", "ms / micro-step", samples)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -234,6 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
     parser.add_argument("--group-timeout", type=float, default=900.0, help="seconds per backend run")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    plot.add_option(parser)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
@@ -245,6 +255,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if results is None:
         return 1
     print(table(results))
+    if not args.no_picture:
+        picture(results)
     return 0
 
 

@@ -3,7 +3,7 @@ pre-placed arrays (issue 15; goal: prefetched within 3% of pre-placed).
 
 Run from the repository root (one process, JAX on CPU):
 
-    python benchmarks/prefetch.py [--rounds 9] [--batches 200] [--batch 256] [--dim 512]
+    python benchmarks/prefetch.py [--rounds 9] [--batches 200] [--batch 256] [--dim 512] [--no-picture]
 
 Each round times one pass of ``--batches`` steps for every variant, in an order rotated per
 round: (1) the step over global ``jax.Array`` batches placed before the timing (the limit: no
@@ -11,7 +11,8 @@ loading in the loop at all), (2) the step fed by ``accelerator.prepare(unified.D
 prefetch=0))`` (collate + ``make_array_from_process_local_data`` on the step's critical path),
 (3) the same with ``prefetch=2`` (placed in a background thread), and, for information, (4) the
 loader alone with nothing to do per batch. Every step is ``block_until_ready``-ed. Reports min,
-median and spread (max/min) per variant and each median against the limit.
+median and spread (max/min) per variant and each median against the limit, and draws every
+round in docs/benchmarks/img/prefetch.png (``--no-picture``: not).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import plot  # noqa: E402  (benchmarks/ is not a package)
+from mdtable import spread, table  # noqa: E402
 
 
 class Vectors:
@@ -46,6 +50,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=512)
+    plot.add_option(parser)
     args = parser.parse_args()
 
     import jax
@@ -109,12 +114,13 @@ def main() -> None:
     limit = statistics.median(times[names[0]])
     print(f"jax {jax.__version__}, {args.batches} steps of batch {args.batch} x {args.dim}, {args.rounds} rounds "
           f"(ms per step)")
-    print("| variant | min | median | max | spread (max/min) | median / limit |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name in names:
-        t = [x / args.batches * 1e3 for x in times[name]]
-        print(f"| {name} | {min(t):.3f} | {statistics.median(t):.3f} | {max(t):.3f} | {max(t) / min(t):.2f}x | "
-              f"{statistics.median(times[name]) / limit:.3f}x |")
+    per_step = 1e3 / args.batches  # seconds per pass -> ms per step
+    print(table(["variant", "min", "median", "max", "spread (max/min)", "median / limit"], "lrrrrr",
+                [[name, *spread(times[name], limit, scale=per_step, spread_digits=2)] for name in names]))
+    if not args.no_picture:
+        plot.draw(plot.image("prefetch"), f"a jitted step fed by a prepared loader, {args.batches} steps of batch "
+                  f"{args.batch} x {args.dim}", "ms per step",
+                  {f"jax {jax.__version__}": {name: [t * per_step for t in times[name]] for name in names}})
     acc.end_training()
 
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(not BACKENDS, reason="neither torch nor jax is installed")
 def test_fault_benchmark_short_mode_passes_every_row():
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--short", "--trials", "1", "--damage-cases", "5", "--seed", "11", "--backends", ",".join(BACKENDS)],
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--short", "--no-picture", "--trials", "1", "--damage-cases", "5", "--seed", "11", "--backends", ",".join(BACKENDS)],
                          cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-12000:]
     assert "FAILED" not in run.stdout, run.stdout[-12000:]
