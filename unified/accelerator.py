@@ -5,6 +5,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
@@ -485,9 +486,10 @@ class Accelerator:
 
         With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directory is
         ``{project_dir}/checkpoints/checkpoint_{iteration}``. ``async_save=True`` returns after
-        a host snapshot and writes in the background (see `wait_for_checkpoint`); state with
-        arrays sharded across processes (written by every process through Orbax) is saved
-        synchronously.
+        a host snapshot and writes in the background (see `wait_for_checkpoint`); arrays sharded
+        across processes too: every process takes a host copy of its own shards (a collective,
+        with the plan of the write) and writes them in the background; the checkpoint is
+        committed once every process's files are written.
         ``safe_serialization`` is accepted for Accelerate scripts: files are always safetensors.
 
         Returns the checkpoint directory.
@@ -511,12 +513,15 @@ class Accelerator:
         # detect the others (version counters), the snapshot needs no copy of the framework arrays.
         guarded = isinstance(self._backend, WriteGuards)
         snapshot = manager.safe_snapshot(iteration, detach=True)
-        if snapshot.sharded:  # Orbax's multi-process write is a collective: keep it in this thread
-            return manager.save(final, snapshot)
         token, tmp = manager.begin(final)
-        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot))
+        # Arrays sharded across processes: their collective part (the plan, host copies of each
+        # process's own shards) runs here; only their writes go to the background.
+        sharded = manager.begin_sharded(tmp, snapshot)
+        detached = threading.Event()  # set once the background no longer reads live memory
+        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot, sharded, detached.set),
+                            detached=detached)
         if guarded:
-            pending.release = self._backend.guard_writes(self._prepared, pending.join)
+            pending.release = self._backend.guard_writes(self._prepared, pending.wait_detached)
         self._async_save = pending
         return final
 

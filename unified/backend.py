@@ -34,7 +34,7 @@ Exported = Tuple[str, Tuple[int, ...], Any]
 
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
-    "ShardedArrays", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
+    "ShardedArrays", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
 ]
 
 class Backend(abc.ABC):
@@ -235,6 +235,25 @@ class ArrayCollectives(abc.ABC):
         """Process ``src``'s arrays on every process."""
 
 
+class ShardedWrite:
+    """A sharded save begun by `ShardedArrays.begin_sharded_save`: `result` finishes it (the
+    writes of this process's own shards) and returns once its files are on disk, or raises.
+    It runs in the async save's background thread, beside the training thread's collectives,
+    so it must run none on the training's process group.
+
+    Example:
+        >>> ShardedWrite(lambda: None).result()
+    """
+
+    def __init__(self, finish: Callable[[], None]) -> None:
+        self._finish: Optional[Callable[[], None]] = finish
+
+    def result(self) -> None:
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
+
+
 class ShardedArrays(abc.ABC):
     """Arrays whose parts live on several processes: every process writes its own part into
     ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest."""
@@ -245,7 +264,17 @@ class ShardedArrays(abc.ABC):
     def is_sharded(self, value: Any) -> bool: ...
 
     @abc.abstractmethod
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None: ...
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
+        """Write this process's part of ``arrays`` into ``directory``; a collective."""
+
+    def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
+        """The first half of an asynchronous `save_sharded`, run by every process in the calling
+        thread (it may run collectives): take what the writes need (host copies of this
+        process's own shards, the plan) so that the arrays may change as soon as it returns; the
+        returned `ShardedWrite` does the writes in the background. This default writes
+        everything now (a backend without asynchronous sharded writes) and returns a finished one."""
+        self.save_sharded(directory, arrays)
+        return ShardedWrite(lambda: None)
 
     @abc.abstractmethod
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:

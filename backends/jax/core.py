@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 
 from backends.common import keep_alive_forever, next_instance, timeout_error
 from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
-                             ShardedTraining, TrainingObjects)
+                             ShardedTraining, ShardedWrite, TrainingObjects)
 from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see
 from unified.network import route_to
@@ -398,11 +398,29 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
     def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
         """Orbax writes each process's shards (the JAX way for multi-host state)."""
+        self.begin_sharded_save(directory, arrays).result()
+
+    def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
+        """Orbax's asynchronous save: its blocking part (host copies of this process's shards,
+        the folders, barriers) here; the returned write waits for its background part (the
+        writes, then the commit of process 0, ordered by barriers of the coordination service
+        under keys of their own, never a device collective), bounded by the group's timeout."""
         import orbax.checkpoint as ocp
 
-        with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer = ocp.StandardCheckpointer(async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
+        try:
             checkpointer.save(os.path.abspath(directory), dict(arrays))
-            checkpointer.wait_until_finished()
+        except BaseException:
+            checkpointer.close()
+            raise
+
+        def finish() -> None:
+            try:
+                checkpointer.wait_until_finished()
+            finally:
+                checkpointer.close()
+
+        return ShardedWrite(finish)
 
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
         import orbax.checkpoint as ocp

@@ -13,7 +13,9 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 - `save_sharded` / `load_sharded`: every process writes only its own shards with
   ``HuggingFaceStorageWriter(save_distributed=True)`` (one safetensors file per process, the
   offsets in its header; no ``.metadata`` pickle) and reads what it needs with
-  ``HuggingFaceStorageReader``.
+  ``HuggingFaceStorageReader``. `begin_sharded_save` splits the write for async saves: DCP's
+  staging (a host copy of the process's own shards) and the collective planning in the calling
+  thread, the file writes alone in the background.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from unified.backend import ShardedArrays, ShardedTraining
+from unified.backend import ShardedArrays, ShardedTraining, ShardedWrite
 from unified.errors import CheckpointError, see
 
 __all__ = ["TorchSharding"]
@@ -228,10 +230,51 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
     def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
         """Every process writes its own shards: one safetensors file each (no pickle)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        self._plan_sharded_write(directory, arrays, stage=False).result()
 
-        dcp.save(dict(arrays), storage_writer=HuggingFaceStorageWriter(directory, save_distributed=True))
+    def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
+        """`save_sharded` in two halves: here, a host copy of this process's own shards (DCP's
+        staging) and the save plan agreed by every process (a collective); in the returned
+        write, run in the background, only this process's file writes (no collective)."""
+        return self._plan_sharded_write(directory, arrays, stage=True)
+
+    def _plan_sharded_write(self, directory: str, arrays: Mapping[str, Any], stage: bool) -> ShardedWrite:
+        """What ``torch.distributed.checkpoint.save`` does with ``HuggingFaceStorageWriter(
+        save_distributed=True)``, with its planning (the collective) apart from its writes. That
+        writer's ``finish`` writes nothing for a distributed save without consolidation, so the
+        final all-reduce of ``dcp.save`` (which only hands ``finish`` the results) is left out:
+        the checkpoint's manifest and commit are ours."""
+        import torch.distributed as dist
+        from torch.distributed.checkpoint import DefaultSavePlanner, HuggingFaceStorageWriter
+
+        writer = HuggingFaceStorageWriter(directory, save_distributed=True)
+        planner = DefaultSavePlanner()
+        group = dist.is_available() and dist.is_initialized()
+        rank, size = (dist.get_rank(), dist.get_world_size()) if group else (0, 1)
+        local, failure = None, None
+        try:
+            # staging: DCP's own host copy (FileSystemWriter is an AsyncStager), new memory even on CPU
+            state = writer.stage(dict(arrays)) if stage else dict(arrays)
+            planner.set_up_planner(state_dict=state, storage_meta=writer.storage_meta(), is_coordinator=rank == 0)
+            writer.set_up_storage_writer(rank == 0, rank=rank, use_collectives=True)
+            local = writer.prepare_local_plan(planner.create_local_plan())
+        except (OSError, RuntimeError, ValueError) as err:  # every process learns it below: none waits for a plan
+            failure = f"process {rank}: {_first_line(err)}"
+        plans = [(local, failure)]
+        if size > 1:
+            plans = [None] * size  # type: ignore[list-item]
+            dist.all_gather_object(plans, (local, failure))
+        failed = [reason for _, reason in plans if reason is not None]
+        if failed:
+            raise CheckpointError(f"{directory}: the sharded write could not be planned: {'; '.join(failed)}"
+                                  + see("save-failed"))
+        global_plans, _ = planner.create_global_plan([plan for plan, _ in plans])
+        final = planner.finish_plan(writer.prepare_global_plan(global_plans)[rank])
+
+        def write() -> None:
+            writer.write_data(final, planner).wait()
+
+        return ShardedWrite(write)
 
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
         """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);

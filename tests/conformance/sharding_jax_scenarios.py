@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 
@@ -115,6 +116,82 @@ def shard_train_and_save(state: dict) -> dict:
                                for n in names)
     sharded_acc.wait_for_everyone()
     return result
+
+
+def shard_async_save(_: dict) -> dict:
+    """``save_state(async_save=True)`` of sharded state: it returns before the checkpoint is
+    committed (the background write is held until the test lets it go), a training step right
+    after the call does not reach the checkpoint, a load after ``wait_for_checkpoint`` restores
+    the values of the call. Then a write that fails on process 1 only: ``wait_for_checkpoint``
+    fails on every process and nothing is committed."""
+    import threading
+
+    acc = Accelerator(timeout=60, fsdp_plugin=FullyShardedDataParallelPlugin())
+    setup = _setup_class(acc)(acc)
+    _train(setup, acc, 1)
+    params, optimizer = setup.full_params(), setup.full_optimizer()
+    gate, seen = threading.Event(), {}
+    undo = _hold_sharded_writes(acc, gate, seen)
+    final = _shared(f"async_{acc.num_processes}")
+    start = time.monotonic()
+    acc.save_state(final, async_save=True)
+    returned_in = time.monotonic() - start
+    at_return = {"committed": os.path.exists(final), "write_returned": "gate_opened" in seen}
+    _train(setup, acc, 1, first=STEPS)  # the optimizer updates the sharded state right away
+    moved = _max_diff(setup.full_params(), params)
+    gate.set()
+    acc.wait_for_checkpoint()
+    undo()
+    committed = os.path.exists(os.path.join(final, "manifest.json"))
+    acc.load_state(final)
+    result = {"returned_in": returned_in, "at_return": at_return, "write_thread": seen.get("thread"),
+              "gate_opened": seen.get("gate_opened"), "committed": committed, "moved": moved,
+              "params_equal": _equal(setup.full_params(), params),
+              "optimizer_equal": _equal(setup.full_optimizer(), optimizer)}
+    # a background write that fails on process 1 only (after Orbax's own write, so no process
+    # waits for it at Orbax's barriers)
+    gate, failed_seen = threading.Event(), {}
+    gate.set()
+    undo = _hold_sharded_writes(acc, gate, failed_seen, fail=acc.process_index == 1)
+    failing = _shared(f"async_failed_{acc.num_processes}")
+    acc.save_state(failing, async_save=True)
+    try:
+        acc.wait_for_checkpoint()
+        result["failure"] = None
+    except unified.CheckpointError as err:
+        result["failure"] = str(err)
+    undo()
+    result["failure_leftovers"] = sorted(n for n in os.listdir(os.path.dirname(failing))
+                                         if os.path.basename(failing) in n)
+    result["untouched_by_failure"] = _equal(setup.full_params(), params)
+    return result
+
+
+def _hold_sharded_writes(acc: Accelerator, gate, seen: dict, fail: bool = False):
+    """Wrap the backend's `begin_sharded_save` (the real one runs): the write it returns waits
+    for ``gate`` before finishing and, with ``fail``, raises an injected disk-full error after
+    it. Returns the function that undoes it."""
+    import threading
+
+    from unified.backend import ShardedWrite
+
+    backend = acc._backend
+    real = backend.begin_sharded_save
+
+    def begin(directory, arrays):
+        write = real(directory, arrays)
+
+        def held():
+            seen["thread"] = threading.current_thread().name
+            seen["gate_opened"] = gate.wait(30)
+            write.result()
+            if fail:
+                raise OSError(28, "No space left on device (injected)")
+
+        return ShardedWrite(held)
+
+    backend.begin_sharded_save = begin
+    return lambda: setattr(backend, "begin_sharded_save", real)
 
 
 def _write_expected(acc: Accelerator, params: dict, optimizer: dict, after_next_step: dict) -> None:

@@ -281,3 +281,94 @@ def fsdp_kill_resume(state: dict) -> dict:
     leftovers = sorted(os.listdir(_shared("killed_project", "checkpoints")))
     return {"loaded": os.path.basename(loaded), "param_diff": _diff(values["params"], saved["params"]),
             "optimizer_diff": _diff(values["optimizer"], saved["optimizer"]), "listing": leftovers}
+
+
+def _hold_sharded_writes(acc, gate, seen: dict, fail: bool = False):
+    """Wrap the backend's `begin_sharded_save` (the real one runs): the write it returns waits
+    for ``gate`` before writing (so that the test acts while nothing is written yet) and, with
+    ``fail``, raises an injected disk-full error after writing. Returns the function that undoes it."""
+    import threading
+
+    from unified.backend import ShardedWrite
+
+    backend = acc._backend
+    real = backend.begin_sharded_save
+
+    def begin(directory, arrays):
+        write = real(directory, arrays)
+        seen["directory"] = directory
+
+        def held():
+            seen["thread"] = threading.current_thread().name
+            seen["gate_opened"] = gate.wait(30)
+            write.result()
+            if fail:
+                raise OSError(28, "No space left on device (injected)")
+
+        return ShardedWrite(held)
+
+    backend.begin_sharded_save = begin
+    return lambda: setattr(backend, "begin_sharded_save", real)
+
+
+def fsdp_async_save(state: dict) -> dict:
+    """``save_state(async_save=True)`` of sharded state: it returns before any shard is written
+    (the background write is held until the test lets it go), parameters changed in place and a
+    training step right after the call do not reach the checkpoint (and the step does not wait
+    for the shards), a load after ``wait_for_checkpoint`` restores the values of the call. Then a
+    write that fails on process 1 only: ``wait_for_checkpoint`` fails on every process and
+    nothing is committed."""
+    import threading
+
+    import torch
+
+    acc, model, optimizer = _setup(state)
+    n = acc.num_processes
+    _train(acc, model, optimizer, 1)
+    saved = _values(acc, model, optimizer)
+    gate, seen = threading.Event(), {}
+    undo = _hold_sharded_writes(acc, gate, seen)
+    final = _shared(f"fsdp_async_{n}")
+    start = time.monotonic()
+    acc.save_state(final, async_save=True)
+    returned_in = time.monotonic() - start
+    at_return = {"committed": os.path.exists(final), "write_returned": "gate_opened" in seen,
+                 "shard_files": sorted(os.listdir(seen["directory"])) if os.path.isdir(seen["directory"]) else []}
+    with torch.no_grad():  # in place, into the very shards the save took
+        for p in model.parameters():
+            p.add_(1.0)
+    # a training step (forward, optimizer step) while the shards are not written yet: it waits only
+    # for the files written whole (had it waited for the whole save, the gate would have timed out)
+    _train(acc, model, optimizer, 1, start=STEPS)
+    edited = _values(acc, model, optimizer)
+    gate.set()
+    acc.wait_for_checkpoint()
+    undo()
+    committed = os.path.exists(os.path.join(final, "manifest.json"))
+    acc.load_state(final)
+    loaded = _values(acc, model, optimizer)
+    shard_listing = sorted(os.listdir(os.path.join(final, "sharded.dcp")))
+
+    # a background write that fails on process 1 only
+    gate, failed_seen = threading.Event(), {}
+    gate.set()
+    undo = _hold_sharded_writes(acc, gate, failed_seen, fail=acc.process_index == 1)
+    failing = _shared(f"fsdp_async_failed_{n}")
+    acc.save_state(failing, async_save=True)
+    try:
+        acc.wait_for_checkpoint()
+        error = None
+    except unified.CheckpointError as err:
+        error = str(err)
+    undo()
+    leftovers = sorted(name for name in os.listdir(os.path.dirname(failing))
+                       if os.path.basename(failing) in name)
+    after_failure = _values(acc, model, optimizer)
+    return {"returned_in": returned_in, "at_return": at_return, "write_thread": seen.get("thread"),
+            "gate_opened": seen.get("gate_opened"), "committed": committed, "shard_listing": shard_listing,
+            "edit_moved": _diff(edited["params"], saved["params"]),
+            "step_moved_optimizer": _diff(edited["optimizer"], saved["optimizer"]),
+            "param_diff": _diff(loaded["params"], saved["params"]),
+            "optimizer_diff": _diff(loaded["optimizer"], saved["optimizer"]),
+            "failure": error, "failure_leftovers": leftovers,
+            "untouched_by_failure": _diff(after_failure["params"], saved["params"]) == 0.0}

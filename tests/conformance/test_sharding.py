@@ -1,8 +1,9 @@
 """Conformance: sharded training and sharded checkpoints (``Accelerator(fsdp_plugin=...)``) in real
 process groups: parameters really sharded, training equal to the replicated run, a checkpoint
 written by N processes loads on M (2 -> 3, 2 -> 1, 3 -> 2), damaged shards refused, a save killed
-mid-write leaves the previous checkpoint loadable. Backends whose profile lacks
-``sharded_training`` are skipped."""
+mid-write leaves the previous checkpoint loadable, an async sharded save writes in the background
+from a copy of each process's shards and fails on every process when one process fails. Backends
+whose profile lacks ``sharded_training`` are skipped."""
 from __future__ import annotations
 
 import pytest
@@ -31,9 +32,10 @@ def runs(request, tmp_path_factory):
     then load 2 -> 3, 2 -> 1, 3 -> 2, and the damaged copies on 2."""
     backend, shared = request.param, tmp_path_factory.mktemp(f"sharded-{request.param}")
     out = {}
-    two = _ok(run_group(backend, 2, ["fsdp_train_save", "fsdp_bf16_accumulate"], shared, extra_env=_env(shared),
-                        deadline=240))
+    two = _ok(run_group(backend, 2, ["fsdp_train_save", "fsdp_bf16_accumulate", "fsdp_async_save"], shared,
+                        extra_env=_env(shared), deadline=240))
     out["save2"], out["bf16"] = two.scenario("fsdp_train_save"), two.scenario("fsdp_bf16_accumulate")
+    out["async"] = two.scenario("fsdp_async_save")
     three = _ok(run_group(backend, 3, ["fsdp_train_save", "fsdp_load"], shared, deadline=240,
                           extra_env=_env(shared, FSDP_SOURCE="fsdp_2", FSDP_OPTIMIZER_FIRST="1")))
     out["save3"], out["2to3"] = three.scenario("fsdp_train_save"), three.scenario("fsdp_load")
@@ -79,6 +81,26 @@ def test_bf16_and_gradient_accumulation_on_sharded_parameters(runs):
     for r in runs["bf16"]:
         assert r["dtype"] == "torch.float32" and r["steps"] == 3, r
         assert r["param_diff"] < 2e-2 and r["norm_diff"] < 5e-2, r
+
+
+def test_an_async_sharded_save_writes_in_the_background_from_a_copy_of_the_shards(runs):
+    for r in runs["async"]:
+        # it returned with nothing written: the write (held until the test let it go) was not waited for
+        assert r["at_return"] == {"committed": False, "write_returned": False, "shard_files": []}, r
+        assert r["gate_opened"] is True and r["write_thread"] != "MainThread", r
+        assert r["returned_in"] < 20, r
+        assert r["committed"] and len(r["shard_listing"]) == 2, r
+        # parameters changed in place and a training step right after the call (which did not wait
+        # for the held shard writes: the gate was opened) did not reach the checkpoint
+        assert r["edit_moved"] > 0.9 and r["step_moved_optimizer"] > 0, r
+        assert r["param_diff"] == 0.0 and r["optimizer_diff"] == 0.0, r
+
+
+def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commits_nothing(runs):
+    for rank, r in enumerate(runs["async"]):
+        assert r["failure"] and "injected" in r["failure"] and "process 1" in r["failure"], (rank, r)
+        assert r["failure_leftovers"] == [], (rank, r)  # neither the checkpoint nor its temporary folder
+        assert r["untouched_by_failure"], (rank, r)
 
 
 def test_damaged_shards_are_refused_and_nothing_is_restored(runs):

@@ -1,7 +1,8 @@
 """Conformance: sharded state (Accelerator(fsdp_plugin=...)): parameters and optimizer state really
 split over the processes, training equal to the replicated run, a checkpoint written by every
 process that loads on another number of processes (2 -> 3, 2 -> 1, 3 -> 2), damaged shard
-files refused with nothing restored, and a consolidated save_model. Backends take part through
+files refused with nothing restored, a consolidated save_model, and async sharded saves (written
+in the background, failing on every process when one fails). Backends take part through
 their profile's ``sharded_setup``."""
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def runs(request, tmp_path_factory):
     """Save on 2; load on 3 (then save there) and on 1; load the 3-process checkpoint on 2."""
     backend = request.param
     shared = tmp_path_factory.mktemp(f"sharded-{backend}")
-    saved = _group(backend, 2, ["shard_train_and_save"], shared)
+    saved = _group(backend, 2, ["shard_train_and_save", "shard_async_save"], shared)
     on_three = _group(backend, 3, ["shard_load_from_2", "shard_damaged", "shard_save_here"], shared)
     on_one = _group(backend, 1, ["shard_load_from_2"], shared)
     back_on_two = _group(backend, 2, ["shard_load_from_3"], shared)
-    return {"saved": saved.scenario("shard_train_and_save"), "three": on_three.scenario("shard_load_from_2"),
+    return {"saved": saved.scenario("shard_train_and_save"), "async": saved.scenario("shard_async_save"),
+            "three": on_three.scenario("shard_load_from_2"),
             "damaged": on_three.scenario("shard_damaged"), "one": on_one.scenario("shard_load_from_2"),
             "three_to_two": back_on_two.scenario("shard_load_from_3")}
 
@@ -85,6 +87,24 @@ def test_every_process_writes_its_own_shards_listed_in_the_manifest(runs):
         assert any(f"ocdbt.process_{process}/" in f for f in shard_files), shard_files
     # no process wrote the split arrays whole: the main process's model file holds only the unsplit bias
     assert main["model_file_tensors"] == ["model_0/last/bias"], main["model_file_tensors"]
+
+
+def test_an_async_sharded_save_returns_before_its_commit_and_keeps_the_values_of_the_call(runs):
+    for rank, r in enumerate(runs["async"]):
+        # it returned with nothing committed: the write (held until the test let it go) was not waited for
+        assert r["at_return"] == {"committed": False, "write_returned": False}, (rank, r)
+        assert r["gate_opened"] is True and r["write_thread"] != "MainThread", (rank, r)
+        assert r["returned_in"] < 20 and r["committed"], (rank, r)
+        # a training step right after the call did not reach the checkpoint
+        assert r["moved"] > 1e-3, (rank, r)
+        assert r["params_equal"] and r["optimizer_equal"], (rank, r)
+
+
+def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commits_nothing(runs):
+    for rank, r in enumerate(runs["async"]):
+        assert r["failure"] and "injected" in r["failure"] and "process 1" in r["failure"], (rank, r)
+        assert r["failure_leftovers"] == [], (rank, r)  # neither the checkpoint nor its temporary folder
+        assert r["untouched_by_failure"], (rank, r)
 
 
 def test_damaged_shard_files_are_refused_with_nothing_restored(runs):

@@ -14,10 +14,12 @@ class AsyncSave:
         'done'
     """
 
-    def __init__(self, work: Callable[[], Any]) -> None:
+    def __init__(self, work: Callable[[], Any], detached: Optional[threading.Event] = None) -> None:
         self._value: Any = None
         self._error: Optional[BaseException] = None
         self.release: Callable[[], None] = lambda: None  # undoes any write guard (see Backend)
+        # set by ``work`` once it no longer reads live memory (see `wait_detached`), else when it ends
+        self._detached = detached if detached is not None else threading.Event()
         self._thread = threading.Thread(target=self._run, args=(work,), name="unified-async-save", daemon=False)
         self._thread.start()
 
@@ -26,6 +28,13 @@ class AsyncSave:
             self._value = work()
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             self._error = err
+        finally:
+            self._detached.set()
+
+    def wait_detached(self) -> None:
+        """Wait until the work no longer reads the live memory it was given (a write guard's
+        wait: in-place updates may go on while the rest is written and committed)."""
+        self._detached.wait()
 
     def done(self) -> bool:
         return not self._thread.is_alive()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..backend import Backend, ShardedArrays, WriteGuards
+from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
 from ..errors import CheckpointError, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
@@ -99,7 +99,7 @@ class Snapshot:
     iteration: int = 0
     files: Dict[str, Dict[str, safetensors_io.Exported]] = field(default_factory=dict)
     structures: Dict[str, Any] = field(default_factory=dict)
-    # arrays sharded across processes, written by every process through the backend (Orbax)
+    # arrays sharded across processes, written by every process through the backend (DCP, Orbax)
     sharded: Dict[str, Any] = field(default_factory=dict)
     sharded_names: Dict[str, str] = field(default_factory=dict)
     # True when files are written from live memory (torch async saves), which the writer must
@@ -349,48 +349,89 @@ class CheckpointManager:
                                                 operation="save_state (begin)")
         return token, layout.temporary_dir(final, token)
 
-    def write_part(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
-        """Write this process's files; returns its report (or an ``error``), never raises OSError."""
+    def begin_sharded(self, tmp: str, snap: Snapshot) -> Optional[ShardedWrite]:
+        """The calling thread's half of an async save's sharded write (every process; the
+        backend's collectives): host copies of this process's own shards and the plan. Returns
+        the write for the background, None without sharded arrays. A failure here is not raised:
+        the write carries it, so that it reaches every process through the save's reports."""
+        if not snap.sharded:
+            return None
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            return self.sharding.begin_sharded_save(os.path.join(tmp, self.sharded_dir), snap.sharded)
+        except (OSError, CheckpointError) as err:
+            def failed() -> None:
+                raise err
+
+            return ShardedWrite(failed)
+
+    def write_part(self, tmp: str, snap: Snapshot, sharded: Optional[ShardedWrite] = None,
+                   released: Callable[[], None] = lambda: None) -> Dict[str, Any]:
+        """Write this process's files; returns its report (or an ``error``), never raises OSError.
+
+        Sharded arrays: with ``sharded`` (an async save, see `begin_sharded`) this process's
+        writes, without a collective; otherwise `ShardedArrays.save_sharded`, a collective,
+        joined even after a failure here so that no process waits for this one. ``released`` is
+        called once nothing reads the snapshot's live memory any more."""
+        rank = self.backend.process_index
+        report = self._write_whole(tmp, snap)
+        released()
+        if snap.sharded:
+            # an async write finishes even after a failure: nothing may write into tmp once it is
+            # removed; whatever it raises is this process's report (the main process waits for it)
+            caught = (OSError, CheckpointError) if sharded is None else Exception
+            try:
+                if sharded is not None:
+                    sharded.result()
+                else:
+                    self.sharding.save_sharded(os.path.join(tmp, self.sharded_dir), snap.sharded)
+            except caught as err:
+                reason = f"process {rank}: {err if isinstance(err, (OSError, CheckpointError)) else repr(err)}"
+                return {"error": f"{report['error']}; {reason}" if "error" in report else reason}
+            if rank == 0 and "error" not in report:
+                report["sharded"] = snap.sharded_names
+        return report
+
+    def _write_whole(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
+        """The files this process writes whole (`Snapshot.files`): its report, or an ``error``."""
         try:
             os.makedirs(tmp, exist_ok=True)
             files = {name: safetensors_io.write(os.path.join(tmp, name), arrays, live=snap.live)
                      for name, arrays in snap.files.items()}
-            changed = snap.changed_in_place()
-            if changed:  # the files may mix two moments: never commit them
-                return {"error": f"process {self.backend.process_index}: {', '.join(sorted(changed)[:5])}"
-                                 f"{' and more' if len(changed) > 5 else ''} changed in place while the asynchronous "
-                                 "save was writing them (an EMA update or weight edit before wait_for_checkpoint()?); "
-                                 "call accelerator.wait_for_checkpoint() before changing saved state in place"}
-            report = {"files": files, "structures": snap.structures}
-            if snap.sharded:  # a collective of its own: every process writes its shards
-                self.sharding.save_sharded(os.path.join(tmp, self.sharded_dir), snap.sharded)
-                if self.backend.process_index == 0:
-                    files.update(_hash_tree(tmp, self.sharded_dir))
-                    report["sharded"] = snap.sharded_names
-            return report
         except OSError as err:
             return {"error": f"process {self.backend.process_index}: {err}"}
+        changed = snap.changed_in_place()
+        if changed:  # the files may mix two moments: never commit them
+            return {"error": f"process {self.backend.process_index}: {', '.join(sorted(changed)[:5])}"
+                             f"{' and more' if len(changed) > 5 else ''} changed in place while the asynchronous "
+                             "save was writing them (an EMA update or weight edit before wait_for_checkpoint()?); "
+                             "call accelerator.wait_for_checkpoint() before changing saved state in place"}
+        return {"files": files, "structures": snap.structures}
 
     def save(self, final: str, snap: Snapshot) -> str:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
         # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
-        failed = self._on_main_process("save_state (committed)",
-                                       lambda: self._commit(final, tmp, token, reports, snap.iteration),
-                                       lambda err: _commit_error(final, err))
+        # The main process lists every process's shard files now that all of them are written.
+        failed = self._on_main_process(
+            "save_state (committed)",
+            lambda: self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap.iteration),
+            lambda err: _commit_error(final, err))
         if failed:
             raise CheckpointError(f"a save_state failed on process {failed[0]}: {failed[1]}" + see("background-save-failed"))
         _raise_reported(final, reports)
         return final
 
-    def save_in_background(self, final: str, token: str, tmp: str, snap: Snapshot) -> str:
+    def save_in_background(self, final: str, token: str, tmp: str, snap: Snapshot,
+                           sharded: Optional[ShardedWrite] = None, released: Callable[[], None] = lambda: None) -> str:
         """The async variant, run in a thread on every process, without collectives: each process
-        leaves a part marker in ``tmp`` (its report, or why it could not write its part); the main
-        process waits for all markers, then commits. A process that cannot write even its marker
-        (a full disk) posts why on the group's health channel, so that the main process learns it
-        at once rather than at the timeout."""
-        report = self.write_part(tmp, snap)
+        leaves a part marker in ``tmp`` (its report, or why it could not write its part) once its
+        files, its own shards included (``sharded``, begun by `begin_sharded`), are written; the
+        main process waits for all markers, lists every process's shard files, then commits. A
+        process that cannot write even its marker (a full disk) posts why on the group's health
+        channel, so that the main process learns it at once rather than at the timeout."""
+        report = self.write_part(tmp, snap, sharded, released)
         rank, count = self.backend.process_index, self.backend.num_processes
         if rank != 0:
             try:
@@ -406,11 +447,22 @@ class CheckpointManager:
             return final
         reports = [report] + [self._wait_part(tmp, r, token) for r in range(1, count)]
         try:
-            self._commit(final, tmp, token, reports, snap.iteration)
+            self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap.iteration)
         except OSError as err:
             raise _commit_error(final, err) from err
         _raise_reported(final, reports)
         return final
+
+    def _list_shard_files(self, tmp: str, snap: Snapshot, reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Main process, once every process reported its part written: every process's shard
+        files (size, xxh3) into its own report, for the manifest. An OSError removes ``tmp``."""
+        if snap.sharded and not any("error" in r for r in reports):
+            try:
+                reports[0]["files"].update(_hash_tree(tmp, self.sharded_dir))
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return reports
 
     def _health(self) -> Optional[Any]:
         """The group's health channel (see `Backend.health_channel`), or None without one."""
