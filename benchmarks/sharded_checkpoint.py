@@ -274,7 +274,6 @@ _MISSING = object()
 
 def profile_ours(group: Group, directory: str, mutate: Callable[[], None], check: Callable[[], None]) -> Dict[str, float]:
     """One save and one load of ours, phase by phase (this process's seconds)."""
-    from unified.checkpoint import manager as manager_module
     from unified.checkpoint import safetensors_io
 
     acc = group.acc
@@ -284,14 +283,14 @@ def profile_ours(group: Group, directory: str, mutate: Callable[[], None], check
         (manager, "begin", "save: begin (token broadcast)"),
         (safetensors_io, "write", "save: . our safetensors files (main process: unsharded values; all: RNG)"),
         (manager.sharding, "save_sharded", "save: . the backend's sharded write (DCP / Orbax; collective)"),
-        (manager_module, "_hash_tree", "save: . xxh3 of every process's shard files (main process, second pass)"),
-        (manager, "write_part", "save: write_part (contains the three above)"),
-        (manager.collectives, "all_gather_json", "save: reports gathered (waits for the slowest writer)"),
+        (manager, "write_part", "save: write_part (contains the two above)"),
+        (manager, "_hash_share", "save: xxh3 of this process's share of the shard files (second pass)"),
+        (manager.collectives, "all_gather_json", "save: reports and checksums gathered (wait for the slowest process)"),
         (manager, "_commit", "save: manifest + rename (main process; others wait in share_failure)"),
     ]
     load_targets = [
         (manager, "resolve_load_dir", "load: resolve directory (collective)"),
-        (manager, "_verify_sharded_tree", "load: . xxh3 of every listed shard file, on every process"),
+        (manager, "_verify_sharded_tree", "load: . xxh3 of this process's share of the listed shard files"),
         (manager, "_read", "load: _read (manifest, our files, contains the one above)"),
         (manager.sharding, "load_sharded", "load: . the backend's sharded read into new arrays (DCP / Orbax)"),
         (manager, "_with_sharded", "load: _with_sharded (contains the one above; decode)"),

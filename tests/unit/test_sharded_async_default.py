@@ -78,3 +78,40 @@ def test_async_save_of_sharded_arrays_on_a_backend_without_async_writes(tmp_path
         assert loaded == [1.0 + rank, 1.5 + rank]
     manifest = json.load(open(os.path.join(final, "manifest.json")))
     assert {"sharded.npy/a0.0.npy", "sharded.npy/a0.1.npy"} <= set(manifest["files"])
+
+
+class FailingShardedBackend(SyncShardedBackend):
+    """Rank 1 cannot write its shards (a full disk)."""
+
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
+        if self.process_index == 1:
+            raise OSError(28, "No space left on device")
+        super().save_sharded(directory, arrays)
+
+
+def _save_everywhere(tmp_path, async_save: bool) -> list:
+    group = MemoryGroup(2, timeout_default=10.0)
+    group.backends = [FailingShardedBackend(group, rank) for rank in range(2)]
+    final = str(tmp_path / f"ckpt-{async_save}")
+
+    def body(rank: int) -> Any:
+        acc = group.accelerator(rank)
+        acc.register_for_checkpointing(Table(rank, 1.0))
+        try:
+            acc.save_state(final, async_save=async_save)
+            acc.wait_for_checkpoint()
+        except Exception as err:  # noqa: BLE001 - the observation
+            return f"{type(err).__name__}: {err}"
+        return "saved"
+
+    results = unwrap(run_threads(2, body, deadline=30.0, group=group))
+    assert not os.path.exists(final)
+    return results
+
+
+def test_a_shard_write_that_fails_when_it_begins_fails_the_save_everywhere_with_its_reason(tmp_path):
+    """The failure is carried to the background write and reported (it was a NameError: the
+    closure outlived the ``except`` clause's variable)."""
+    for async_save in (False, True):
+        for result in _save_everywhere(tmp_path, async_save):
+            assert result.startswith("CheckpointError") and "No space left on device" in result, (async_save, result)

@@ -35,15 +35,15 @@ if TYPE_CHECKING:
     from ..config import ProjectConfiguration
 
 
-def _hash_tree(root: str, sub: str) -> Dict[str, Any]:
-    """Manifest entries (size, xxh3) for every file below ``root/sub``, named ``sub/...``."""
-    entries = {}
-    for folder, _, names in os.walk(os.path.join(root, sub)):
-        for name in names:
-            path = os.path.join(folder, name)
-            relative = os.path.relpath(path, root).replace(os.sep, "/")
-            entries[relative] = verify_file(path, None, None)
-    return entries
+def _tree(root: str, sub: str) -> List[str]:
+    """Every file below ``root/sub``, named ``sub/...``, sorted."""
+    return sorted(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                  for folder, _, names in os.walk(os.path.join(root, sub)) for name in names)
+
+
+def _hash_files(root: str, names: List[str]) -> Dict[str, Any]:
+    """Manifest entries (size, xxh3) of ``names`` below ``root``."""
+    return {name: verify_file(os.path.join(root, name), None, None) for name in names}
 
 
 def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
@@ -360,8 +360,10 @@ class CheckpointManager:
             os.makedirs(tmp, exist_ok=True)
             return self.sharding.begin_sharded_save(os.path.join(tmp, self.sharded_dir), snap.sharded)
         except (OSError, CheckpointError) as err:
+            error = err  # `err` is unbound once the except clause ends
+
             def failed() -> None:
-                raise err
+                raise error
 
             return ShardedWrite(failed)
 
@@ -412,6 +414,11 @@ class CheckpointManager:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
+        if snap.sharded and not any("error" in r for r in reports):
+            # every process's shards are on disk: each process checksums an equal share of them
+            hashed = self.collectives.all_gather_json(self._hash_share(tmp), operation="save_state (shards hashed)")
+            reports = [{**r, "error": h["error"]} if "error" in h else r for r, h in zip(reports, hashed)]
+            reports[0].setdefault("shard_files", {}).update({k: v for h in hashed for k, v in h.get("files", {}).items()})
         # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
         # The main process lists every process's shard files now that all of them are written.
         failed = self._on_main_process(
@@ -453,12 +460,24 @@ class CheckpointManager:
         _raise_reported(final, reports)
         return final
 
+    def _hash_share(self, tmp: str) -> Dict[str, Any]:
+        """This process's share (sorted, ``rank::N``) of the shard files' checksums, or an ``error``."""
+        rank, count = self.backend.process_index, self.backend.num_processes
+        try:
+            return {"files": _hash_files(tmp, _tree(tmp, self.sharded_dir)[rank::count])}
+        except OSError as err:
+            return {"error": f"process {rank}: {err}"}
+
     def _list_shard_files(self, tmp: str, snap: Snapshot, reports: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """Main process, once every process reported its part written: every process's shard
-        files (size, xxh3) into its own report, for the manifest. An OSError removes ``tmp``."""
+        files (size, xxh3) into its own report, for the manifest: those the processes hashed
+        (``shard_files``, a sync save), and any file of the folder that none of them did (an
+        async save, or a process that listed the folder differently). An OSError removes ``tmp``."""
         if snap.sharded and not any("error" in r for r in reports):
+            hashed = reports[0].pop("shard_files", {})
             try:
-                reports[0]["files"].update(_hash_tree(tmp, self.sharded_dir))
+                missing = [name for name in _tree(tmp, self.sharded_dir) if name not in hashed]
+                reports[0]["files"].update({**hashed, **_hash_files(tmp, missing)})
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
