@@ -407,9 +407,13 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         under keys of their own, never a device collective), bounded by the group's timeout."""
         import orbax.checkpoint as ocp
 
-        checkpointer = ocp.StandardCheckpointer(async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
+        # Uncompressed chunks (Orbax's default is zstd): about 10% more bytes on disk for random
+        # float32 weights, against 1.3x faster saves and 2x faster loads measured on 1.5 GB
+        # (docs/benchmarks/checkpoint.md, "Sharded state"); the reader accepts both.
+        checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False),
+                                             async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
         try:
-            checkpointer.save(os.path.abspath(directory), dict(arrays))
+            checkpointer.save(os.path.abspath(directory), args=ocp.args.PyTreeSave(dict(arrays)))
         except BaseException:
             checkpointer.close()
             raise

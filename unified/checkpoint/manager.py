@@ -41,6 +41,24 @@ def _tree(root: str, sub: str) -> List[str]:
                   for folder, _, names in os.walk(os.path.join(root, sub)) for name in names)
 
 
+def share_of(sizes: Dict[str, int], rank: int, count: int) -> List[str]:
+    """Process ``rank``'s share of the files ``sizes`` lists, for checksumming: the largest file
+    first to the process with the fewest bytes so far (ties: the lower rank), so the shares are
+    balanced by bytes and every process computes the same split.
+
+    Example:
+        >>> share_of({"a": 8, "b": 5, "c": 4, "d": 1}, 0, 2), share_of({"a": 8, "b": 5, "c": 4, "d": 1}, 1, 2)
+        (['a', 'd'], ['b', 'c'])
+    """
+    loads, mine = [0] * count, []
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        owner = min(range(count), key=lambda r: (loads[r], r))
+        loads[owner] += sizes[name]
+        if owner == rank:
+            mine.append(name)
+    return sorted(mine)
+
+
 def _hash_files(root: str, names: List[str]) -> Dict[str, Any]:
     """Manifest entries (size, xxh3) of ``names`` below ``root``."""
     return {name: verify_file(os.path.join(root, name), None, None) for name in names}
@@ -461,10 +479,11 @@ class CheckpointManager:
         return final
 
     def _hash_share(self, tmp: str) -> Dict[str, Any]:
-        """This process's share (sorted, ``rank::N``) of the shard files' checksums, or an ``error``."""
+        """This process's share (`share_of`) of the shard files' checksums, or an ``error``."""
         rank, count = self.backend.process_index, self.backend.num_processes
         try:
-            return {"files": _hash_files(tmp, _tree(tmp, self.sharded_dir)[rank::count])}
+            sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in _tree(tmp, self.sharded_dir)}
+            return {"files": _hash_files(tmp, share_of(sizes, rank, count))}
         except OSError as err:
             return {"error": f"process {rank}: {err}"}
 
@@ -802,7 +821,8 @@ class CheckpointManager:
                                           + see("sharded-files-unlisted"))
         # The checkpoint folder is one shared file system (docs/multi-host.md): each process checks
         # an equal share of the files, and `load` shares every failure before any reader opens one.
-        share = sorted(listed)[self.backend.process_index::self.backend.num_processes]
+        share = share_of({name: int(info["size"]) for name, info in listed.items()},
+                         self.backend.process_index, self.backend.num_processes)
         return {path: safetensors_io.verify_for_reader(path, listed[name]["size"], listed[name]["xxh3"])
                 for path, name in ((check_file_name(directory, name), name) for name in share)}
 
