@@ -37,9 +37,8 @@ What is measured (CPU, gloo / JAX's CPU collectives, page cache warm):
   every array split over the 2 processes' CPU devices. Contenders: ``ours``; ``orbax``
   (``ocp.StandardCheckpointer`` saving ``{"model": nnx.state(model), "optimizer":
   nnx.state(optimizer)}`` + ``wait_until_finished()``, restored with the abstract tree (shapes,
-  dtypes, shardings) then ``nnx.update``: its default compresses chunks with zstd, as our Orbax
-  write does); ``orbax_uncompressed`` (``PyTreeCheckpointHandler(use_compression=False)``, for
-  information).
+  dtypes, shardings) then ``nnx.update``: its default compresses chunks with zstd); ``orbax_uncompressed``
+  (``PyTreeCheckpointHandler(use_compression=False)``, what our Orbax write uses).
 
 ``H`` (``--hidden``, default 2304) is divisible by 2 and 3, so every array is split on 2 and on 3
 processes alike (JAX keeps an array whole when the device count divides none of its dimensions).
@@ -575,7 +574,7 @@ def jax_worker(args: argparse.Namespace) -> None:
         nnx.update(model, restored["model"])
         nnx.update(optimizer, restored["optimizer"])
 
-    standard = ocp.StandardCheckpointer()  # zstd-compressed chunks by default, as our Orbax write
+    standard = ocp.StandardCheckpointer()  # zstd-compressed chunks by default (ours: uncompressed)
     uncompressed = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
     def orbax_save(checkpointer: Any, path: str) -> None:
