@@ -8,11 +8,12 @@ before joining, so that a dead peer gives survivors an exception instead of abor
 from __future__ import annotations
 
 import atexit
-import queue
-import threading
+import inspect
 import os
+import queue
 import re
 import sys
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -61,6 +62,13 @@ def _detach_runtime() -> None:
     so that no destructor runs the RPCs at exit either.
     """
     private.detach_runtime(keep_alive_forever)
+
+
+def _uncompressed_pytree_handler(ocp: Any) -> Any:
+    """Orbax's PyTree handler without zstd where the installed Orbax offers the choice
+    (``use_compression``, not in orbax-checkpoint 0.11.17); its default otherwise."""
+    accepted = inspect.signature(ocp.PyTreeCheckpointHandler.__init__).parameters
+    return ocp.PyTreeCheckpointHandler(**({"use_compression": False} if "use_compression" in accepted else {}))
 
 
 class _NoAnswer(Exception):
@@ -410,7 +418,7 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         # Uncompressed chunks (Orbax's default is zstd): about 10% more bytes on disk for random
         # float32 weights, against 1.3x faster saves and 2x faster loads measured on 1.5 GB
         # (docs/benchmarks/checkpoint.md, "Sharded state"); the reader accepts both.
-        checkpointer = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False),
+        checkpointer = ocp.AsyncCheckpointer(_uncompressed_pytree_handler(ocp),
                                              async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
         try:
             checkpointer.save(os.path.abspath(directory), args=ocp.args.PyTreeSave(dict(arrays)))

@@ -167,31 +167,10 @@ def shard_async_save(_: dict) -> dict:
     return result
 
 
-def _hold_sharded_writes(acc: Accelerator, gate, seen: dict, fail: bool = False):
-    """Wrap the backend's `begin_sharded_save` (the real one runs): the write it returns waits
-    for ``gate`` before finishing and, with ``fail``, raises an injected disk-full error after
-    it. Returns the function that undoes it."""
-    import threading
+def _hold_sharded_writes(acc, gate, seen: dict, fail: bool = False):
+    from held_writes import hold_sharded_writes  # the worker's folder is on sys.path
 
-    from unified.backend import ShardedWrite
-
-    backend = acc._backend
-    real = backend.begin_sharded_save
-
-    def begin(directory, arrays):
-        write = real(directory, arrays)
-
-        def held():
-            seen["thread"] = threading.current_thread().name
-            seen["gate_opened"] = gate.wait(30)
-            write.result()
-            if fail:
-                raise OSError(28, "No space left on device (injected)")
-
-        return ShardedWrite(held)
-
-    backend.begin_sharded_save = begin
-    return lambda: setattr(backend, "begin_sharded_save", real)
+    return hold_sharded_writes(acc, gate, seen, fail)
 
 
 def _write_expected(acc: Accelerator, params: dict, optimizer: dict, after_next_step: dict) -> None:

@@ -284,31 +284,9 @@ def fsdp_kill_resume(state: dict) -> dict:
 
 
 def _hold_sharded_writes(acc, gate, seen: dict, fail: bool = False):
-    """Wrap the backend's `begin_sharded_save` (the real one runs): the write it returns waits
-    for ``gate`` before writing (so that the test acts while nothing is written yet) and, with
-    ``fail``, raises an injected disk-full error after writing. Returns the function that undoes it."""
-    import threading
+    from held_writes import hold_sharded_writes  # the worker's folder is on sys.path
 
-    from unified.backend import ShardedWrite
-
-    backend = acc._backend
-    real = backend.begin_sharded_save
-
-    def begin(directory, arrays):
-        write = real(directory, arrays)
-        seen["directory"] = directory
-
-        def held():
-            seen["thread"] = threading.current_thread().name
-            seen["gate_opened"] = gate.wait(30)
-            write.result()
-            if fail:
-                raise OSError(28, "No space left on device (injected)")
-
-        return ShardedWrite(held)
-
-    backend.begin_sharded_save = begin
-    return lambda: setattr(backend, "begin_sharded_save", real)
+    return hold_sharded_writes(acc, gate, seen, fail)
 
 
 def fsdp_async_save(state: dict) -> dict:
