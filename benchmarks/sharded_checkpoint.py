@@ -280,7 +280,8 @@ def profile_ours(group: Group, directory: str, mutate: Callable[[], None], check
     save_targets = [
         (manager, "safe_snapshot", "save: snapshot (get_state + encode; collective)"),
         (manager, "begin", "save: begin (token broadcast)"),
-        (safetensors_io, "write", "save: . our safetensors files (main process: unsharded values; all: RNG)"),
+        (safetensors_io, "write", "save: . safetensors_io.write (our files: unsharded values, RNG; torch: also the "
+                                  "shard file, inside the next)"),
         (manager.sharding, "save_sharded", "save: . the backend's sharded write (DCP / Orbax; collective)"),
         (manager, "write_part", "save: write_part (contains the two above)"),
         (manager, "_hash_share", "save: xxh3 of this process's share of the shard files (second pass)"),
@@ -289,10 +290,14 @@ def profile_ours(group: Group, directory: str, mutate: Callable[[], None], check
     ]
     load_targets = [
         (manager, "resolve_load_dir", "load: resolve directory (collective)"),
-        (manager, "_verify_sharded_tree", "load: . xxh3 of this process's share of the listed shard files"),
+        (manager, "_verify_sharded_tree", "load: . shard files checked before the read (JAX: xxh3 of this process's "
+                                          "share; torch: sizes)"),
         (manager, "_read", "load: _read (manifest, our files, contains the one above)"),
-        (manager.sharding, "load_sharded", "load: . the backend's sharded read into new arrays (DCP / Orbax)"),
-        (manager, "_with_sharded", "load: _with_sharded (contains the one above; decode)"),
+        (manager.sharding, "load_sharded_hashed" if manager.sharding.hashes_while_reading else "load_sharded",
+         "load: . the backend's sharded read into new arrays (DCP / Orbax; torch: hashing what it reads whole)"),
+        (manager, "_check_read_hashes", "load: . torch: the read's checksums compared, files no process read whole "
+                                        "hashed"),
+        (manager, "_with_sharded", "load: _with_sharded (contains the two above; decode)"),
         (manager, "_restore_rng", "load: RNG restore"),
     ]
     group.barrier()

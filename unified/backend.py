@@ -31,6 +31,7 @@ from .errors import MissingCapability, see
 
 # An exported array: (safetensors dtype name, shape, contiguous uint8 NumPy view of its bytes)
 Exported = Tuple[str, Tuple[int, ...], Any]
+FileHashes = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "xxh3": hex digest}
 
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
@@ -239,33 +240,41 @@ class ShardedWrite:
     """A sharded save begun by `ShardedArrays.begin_sharded_save`: `result` finishes it (the
     writes of this process's own shards) and returns once its files are on disk, or raises.
     It runs in the async save's background thread, beside the training thread's collectives,
-    so it must run none on the training's process group.
+    so it must run none on the training's process group. It returns what the writes return
+    (see `ShardedArrays.save_sharded`).
 
     Example:
         >>> ShardedWrite(lambda: None).result()
     """
 
-    def __init__(self, finish: Callable[[], None]) -> None:
-        self._finish: Optional[Callable[[], None]] = finish
+    def __init__(self, finish: Callable[[], Optional[FileHashes]]) -> None:
+        self._finish: Optional[Callable[[], Optional[FileHashes]]] = finish
 
-    def result(self) -> None:
+    def result(self) -> Optional[FileHashes]:
         finish, self._finish = self._finish, None
-        if finish is not None:
-            finish()
+        return finish() if finish is not None else None
 
 
 class ShardedArrays(abc.ABC):
     """Arrays whose parts live on several processes: every process writes its own part into
-    ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest."""
+    ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest.
+
+    Checksums: the manager hashes every file of that folder unless the backend reports their
+    hashes, computed in the pass that wrote or read the bytes (`FileHashes`, names relative to
+    the folder): `save_sharded` may return those of the files this process wrote, and a backend
+    with ``hashes_while_reading`` returns from `load_sharded_hashed` those of the files it read
+    whole; the manager compares them with the manifest before anything is restored."""
 
     sharded_format: str = "sharded"
+    hashes_while_reading: bool = False
 
     @abc.abstractmethod
     def is_sharded(self, value: Any) -> bool: ...
 
     @abc.abstractmethod
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
-        """Write this process's part of ``arrays`` into ``directory``; a collective."""
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> Optional[FileHashes]:
+        """Write this process's part of ``arrays`` into ``directory``; a collective. Returns the
+        size and xxh3 of each file it wrote, or None (the manager then hashes them)."""
 
     def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
         """The first half of an asynchronous `save_sharded`, run by every process in the calling
@@ -273,12 +282,20 @@ class ShardedArrays(abc.ABC):
         process's own shards, the plan) so that the arrays may change as soon as it returns; the
         returned `ShardedWrite` does the writes in the background. This default writes
         everything now (a backend without asynchronous sharded writes) and returns a finished one."""
-        self.save_sharded(directory, arrays)
-        return ShardedWrite(lambda: None)
+        hashes = self.save_sharded(directory, arrays)
+        return ShardedWrite(lambda: hashes)
 
     @abc.abstractmethod
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective."""
+        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective. The
+        manager has checked every file before (a backend without ``hashes_while_reading``)."""
+
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+        """`load_sharded` into fresh arrays that nothing else holds, before any file was
+        checked (a backend with ``hashes_while_reading``); also returns the size and xxh3 of
+        each file it read whole, hashed in the same pass. The manager checks those against the
+        manifest and hashes the other files before any object is restored."""
+        return self.load_sharded(directory, like), {}
 
 
 class WriteGuards(abc.ABC):

@@ -8,7 +8,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -62,6 +62,19 @@ def _bind_gloo_to_the_route_to_the_main_process() -> None:
     route = route_to(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     if route is not None and route[1] is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = route[1]
+
+
+def export_tensor(value: Any) -> Tuple[str, Tuple[int, ...], np.ndarray]:
+    """(safetensors dtype, shape, uint8 NumPy view of the bytes) of a tensor: a view of the
+    tensor's own memory when it is a contiguous CPU tensor, else of a contiguous CPU copy."""
+    tensor = value.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous()
+    if tensor.dtype not in _SAFETENSORS_DTYPES:
+        raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
+    raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
+    return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
 
 
 class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards, ForeignLoaders, TorchTrainingLoop,
@@ -282,14 +295,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
     def export_array(self, value: Any):
-        tensor = value.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        tensor = tensor.contiguous()
-        if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
-        raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
-        return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
+        return export_tensor(value)
 
     def describe_array(self, value: Any):
         if value.dtype not in _SAFETENSORS_DTYPES:

@@ -10,10 +10,10 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 - model and optimizer state through ``torch.distributed.checkpoint.state_dict``
   (``get_*_state_dict`` / ``set_*_state_dict``): DTensor values keyed by parameter names, so a
   checkpoint reshards onto any number of processes.
-- `save_sharded` / `load_sharded`: every process writes only its own shards with
-  ``HuggingFaceStorageWriter(save_distributed=True)`` (one safetensors file per process, the
-  offsets in its header; no ``.metadata`` pickle) and reads what it needs with
-  ``HuggingFaceStorageReader``. `begin_sharded_save` splits the write for async saves: DCP's
+- `save_sharded` / `load_sharded_hashed`: every process writes only its own shards through
+  DCP's safetensors storage layout (one file per process, the offsets in its header; no
+  ``.metadata`` pickle) and reads what it needs, both with the hashing storage of
+  `backends.torch.dcp_storage` (checksums in the pass over the bytes). `begin_sharded_save` splits the write for async saves: DCP's
   staging (a host copy of the process's own shards) and the collective planning in the calling
   thread, the file writes alone in the background.
 """
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from unified.backend import ShardedArrays, ShardedTraining, ShardedWrite
+from unified.backend import FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
 from unified.errors import CheckpointError, see
 
 __all__ = ["TorchSharding"]
@@ -228,9 +228,10 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
         return any(isinstance(p, Shard) for p in value.placements)
 
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
-        """Every process writes its own shards: one safetensors file each (no pickle)."""
-        self._plan_sharded_write(directory, arrays, stage=False).result()
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> Optional[FileHashes]:
+        """Every process writes its own shards: one safetensors file each (no pickle), hashed as
+        it is written."""
+        return self._plan_sharded_write(directory, arrays, stage=False).result()
 
     def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
         """`save_sharded` in two halves: here, a host copy of this process's own shards (DCP's
@@ -245,9 +246,11 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         final all-reduce of ``dcp.save`` (which only hands ``finish`` the results) is left out:
         the checkpoint's manifest and commit are ours."""
         import torch.distributed as dist
-        from torch.distributed.checkpoint import DefaultSavePlanner, HuggingFaceStorageWriter
+        from torch.distributed.checkpoint import DefaultSavePlanner
 
-        writer = HuggingFaceStorageWriter(directory, save_distributed=True)
+        from .dcp_storage import HashingWriter
+
+        writer = HashingWriter(directory)
         planner = DefaultSavePlanner()
         group = dist.is_available() and dist.is_initialized()
         rank, size = (dist.get_rank(), dist.get_world_size()) if group else (0, 1)
@@ -271,24 +274,33 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         global_plans, _ = planner.create_global_plan([plan for plan, _ in plans])
         final = planner.finish_plan(writer.prepare_global_plan(global_plans)[rank])
 
-        def write() -> None:
+        def write() -> FileHashes:
             writer.write_data(final, planner).wait()
+            return writer.written
 
         return ShardedWrite(write)
 
+    hashes_while_reading = True
+
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        return self.load_sharded_hashed(directory, like)[0]
+
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
         """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);
-        the live ones are untouched until everything was read and checked."""
+        the live ones are untouched (the manager checks the returned checksums, of the files
+        read whole, and hashes the others, before it restores anything)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+        from .dcp_storage import HashingReader
 
         target = {key: torch.empty_like(value) for key, value in like.items()}
+        reader = HashingReader(directory)
         try:
-            dcp.load(target, storage_reader=HuggingFaceStorageReader(directory))
+            dcp.load(target, storage_reader=reader)
         except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError, AssertionError, OSError) as err:
             raise CheckpointError(f"{directory}: the sharded arrays cannot be read into this run's objects "
                                   f"({_first_line(err)}); nothing was restored." + see("sharded-load-failed")) from err
-        return target
+        return target, reader.hashed
 
 
 def _is_fsdp(model: Any) -> bool:

@@ -176,11 +176,13 @@ def fsdp_load(state: dict) -> dict:
 
 def fsdp_damaged(state: dict) -> dict:
     """Damaged copies of ``fsdp_2``: a flipped byte in a shard, a missing shard, a shard from
-    another checkpoint. Every load is a CheckpointError and restores nothing."""
-    acc, model, optimizer = _setup(state)
+    another checkpoint. Every load is a CheckpointError and restores nothing. On 2 processes each
+    reads its own file whole (checked in the pass that reads it); on 3 (other optimizer order)
+    each reads slices of the files (checked by a pass of its own after the read)."""
+    acc, model, optimizer = _setup(state)  # in fsdp_2's order of prepare
     pristine = _shared("fsdp_2")
     shards = sorted(os.listdir(os.path.join(pristine, "sharded.dcp")))
-    root = _shared("fsdp_damaged")
+    root = _shared(f"fsdp_damaged_{acc.num_processes}")
     if acc.is_main_process:
         def copy(case: str) -> str:
             shutil.copytree(pristine, os.path.join(root, case))

@@ -29,16 +29,17 @@ def _ok(group):
 @pytest.fixture(scope="module", params=SHARDED or [pytest.param(None, marks=pytest.mark.skip("no backend shards"))])
 def runs(request, tmp_path_factory):
     """Save on 2 and on 3 processes (the 3-process group prepares the optimizer before the model),
-    then load 2 -> 3, 2 -> 1, 3 -> 2, and the damaged copies on 2."""
+    then load 2 -> 3, 2 -> 1, 3 -> 2, and the damaged copies on 2 and on 3."""
     backend, shared = request.param, tmp_path_factory.mktemp(f"sharded-{request.param}")
     out = {}
     two = _ok(run_group(backend, 2, ["fsdp_train_save", "fsdp_bf16_accumulate", "fsdp_async_save"], shared,
                         extra_env=_env(shared), deadline=240))
     out["save2"], out["bf16"] = two.scenario("fsdp_train_save"), two.scenario("fsdp_bf16_accumulate")
     out["async"] = two.scenario("fsdp_async_save")
-    three = _ok(run_group(backend, 3, ["fsdp_train_save", "fsdp_load"], shared, deadline=240,
+    three = _ok(run_group(backend, 3, ["fsdp_train_save", "fsdp_load", "fsdp_damaged"], shared, deadline=240,
                           extra_env=_env(shared, FSDP_SOURCE="fsdp_2", FSDP_OPTIMIZER_FIRST="1")))
     out["save3"], out["2to3"] = three.scenario("fsdp_train_save"), three.scenario("fsdp_load")
+    out["damaged_on_3"] = three.scenario("fsdp_damaged")
     one = _ok(run_group(backend, 1, ["fsdp_load"], shared, extra_env=_env(shared, FSDP_SOURCE="fsdp_2"), deadline=240))
     out["2to1"] = one.scenario("fsdp_load")
     back = _ok(run_group(backend, 2, ["fsdp_load", "fsdp_damaged"], shared, deadline=240,
@@ -104,7 +105,7 @@ def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commi
 
 
 def test_damaged_shards_are_refused_and_nothing_is_restored(runs):
-    for r in runs["damaged"]:
+    for r in runs["damaged"] + runs["damaged_on_3"]:
         refused = r["refused"]
         assert set(refused) == {"flipped_byte", "missing_shard", "foreign_shard"}, refused
         assert all(refused.values()), refused

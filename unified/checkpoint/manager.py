@@ -18,7 +18,7 @@ import uuid
 import zlib
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -402,14 +402,18 @@ class CheckpointManager:
             caught = (OSError, CheckpointError) if sharded is None else Exception
             try:
                 if sharded is not None:
-                    sharded.result()
+                    hashes = sharded.result()
                 else:
-                    self.sharding.save_sharded(os.path.join(tmp, self.sharded_dir), snap.sharded)
+                    hashes = self.sharding.save_sharded(os.path.join(tmp, self.sharded_dir), snap.sharded)
             except caught as err:
                 reason = f"process {rank}: {err if isinstance(err, (OSError, CheckpointError)) else repr(err)}"
                 return {"error": f"{report['error']}; {reason}" if "error" in report else reason}
-            if rank == 0 and "error" not in report:
-                report["sharded"] = snap.sharded_names
+            if "error" not in report:
+                if hashes is not None:  # hashed as they were written: no second pass over them
+                    report["files"].update({f"{self.sharded_dir}/{name}": info for name, info in hashes.items()})
+                report["shards_hashed"] = hashes is not None
+                if rank == 0:
+                    report["sharded"] = snap.sharded_names
         return report
 
     def _write_whole(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
@@ -432,9 +436,11 @@ class CheckpointManager:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
-        if snap.sharded and not any("error" in r for r in reports):
-            # every process's shards are on disk: each process checksums an equal share of them
-            hashed = self.collectives.all_gather_json(self._hash_share(tmp), operation="save_state (shards hashed)")
+        if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
+            # every process's shards are on disk: each process checksums an equal share of those
+            # that no writer hashed (the decision is the same everywhere: it reads only the reports)
+            known = {name for r in reports for name in r["files"]}
+            hashed = self.collectives.all_gather_json(self._hash_share(tmp, known), operation="save_state (shards hashed)")
             reports = [{**r, "error": h["error"]} if "error" in h else r for r, h in zip(reports, hashed)]
             reports[0].setdefault("shard_files", {}).update({k: v for h in hashed for k, v in h.get("files", {}).items()})
         # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
@@ -478,11 +484,13 @@ class CheckpointManager:
         _raise_reported(final, reports)
         return final
 
-    def _hash_share(self, tmp: str) -> Dict[str, Any]:
-        """This process's share (`share_of`) of the shard files' checksums, or an ``error``."""
+    def _hash_share(self, tmp: str, known: Set[str]) -> Dict[str, Any]:
+        """This process's share (`share_of`) of the checksums of the shard files not ``known``
+        already, or an ``error``."""
         rank, count = self.backend.process_index, self.backend.num_processes
         try:
-            sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in _tree(tmp, self.sharded_dir)}
+            sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in _tree(tmp, self.sharded_dir)
+                     if name not in known}
             return {"files": _hash_files(tmp, share_of(sizes, rank, count))}
         except OSError as err:
             return {"error": f"process {rank}: {err}"}
@@ -494,8 +502,9 @@ class CheckpointManager:
         async save, or a process that listed the folder differently). An OSError removes ``tmp``."""
         if snap.sharded and not any("error" in r for r in reports):
             hashed = reports[0].pop("shard_files", {})
+            known = {name for r in reports for name in r["files"]}
             try:
-                missing = [name for name in _tree(tmp, self.sharded_dir) if name not in hashed]
+                missing = [name for name in _tree(tmp, self.sharded_dir) if name not in hashed and name not in known]
                 reports[0]["files"].update({**hashed, **_hash_files(tmp, missing)})
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -703,25 +712,66 @@ class CheckpointManager:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects."
                                   + see("sharded-no-counterpart"))
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
+        root, like = os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()}
+        hashing = self.sharding.hashes_while_reading
         try:
-            restored = self.sharding.load_sharded(os.path.join(directory, self.sharded_dir),
-                                                  {k: current[n] for k, n in names.items()})
+            restored, hashes = self.sharding.load_sharded_hashed(root, like) if hashing else \
+                (self.sharding.load_sharded(root, like), {})
         except Exception:
             self._refuse_changed(verified)  # the likelier cause of its error
             raise
-        failure: Optional[BaseException] = None
-        try:
-            self._refuse_changed(verified)
-        except CheckpointError as err:
-            failure = err
-        failed = self.collectives.share_failure(failure, "load_state (sharded files unchanged)")
+        if hashing:
+            self._check_read_hashes(directory, manifest, hashes, verified)
+        else:
+            failure: Optional[BaseException] = None
+            try:
+                self._refuse_changed(verified)
+            except CheckpointError as err:
+                failure = err
+            self._raise_shared(directory, failure, "load_state (sharded files unchanged)")
+        by_name = {names[k]: v for k, v in restored.items()}
+        return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
+                for entry in self.entries}
+
+    def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
+                           identities: Dict[str, Tuple[int, ...]]) -> None:
+        """After a reader that hashed the files it read whole (``hashes``, this process's), before
+        anything is restored: those must match the manifest, and every other listed file is
+        hashed now by one process (`share_of`) and must not have changed since `_read` saw it
+        (``identities``), so that what the reader took from it is what was checked. Collective."""
+        prefix = self.sharded_dir + "/"
+        listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
+        failure: Optional[str] = None
+        for name, got in sorted(hashes.items()):
+            path, info = check_file_name(directory, prefix + name), listed.get(prefix + name)
+            if info is None:
+                failure = f"{path}: read by the sharded reader but not listed in the manifest"
+            elif got["size"] != info["size"]:
+                failure = f"{path}: size is {got['size']} bytes; the manifest says {info['size']}"
+            elif got["xxh3"] != info["xxh3"]:
+                failure = str(safetensors_io.checksum_mismatch(path))
+            if failure:
+                break
+        gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure},
+                                                    operation="load_state (sharded files checked)")
+        failed = [(rank, g["error"]) for rank, g in enumerate(gathered) if g["error"]]
         if failed:
             raise CheckpointError(f"{directory}: cannot be loaded; "
                                   + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
                                   + see("another-process-could-not-load"))
-        by_name = {names[k]: v for k, v in restored.items()}
-        return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
-                for entry in self.entries}
+        done = {prefix + name for g in gathered for name in g["hashed"]}
+        rest = {name: int(info["size"]) for name, info in listed.items() if name not in done}
+        if not rest:  # the same on every process: it comes from the gathered lists
+            return
+        error: Optional[BaseException] = None
+        try:
+            for name in share_of(rest, self.backend.process_index, self.backend.num_processes):
+                path = check_file_name(directory, name)
+                safetensors_io.verify_file(path, listed[name]["size"], listed[name]["xxh3"])
+                self._refuse_changed({path: identities[path]})
+        except (CheckpointError, OSError) as err:
+            error = err
+        self._raise_shared(directory, error, "load_state (sharded files checked)")
 
     def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
         """An entry's state from its arrays: NumPy views for managed objects, framework arrays
@@ -819,6 +869,20 @@ class CheckpointManager:
                     what = "not a regular file" if not stat.S_ISREG(mode) else "not listed in the manifest"
                     raise CheckpointError(f"{path}: {what}; refusing to let the sharded reader open it."
                                           + see("sharded-files-unlisted"))
+        if self.sharding.hashes_while_reading:  # checked in `_with_sharded`, from the reader's own pass
+            identities = {}
+            for name, info in listed.items():
+                path = check_file_name(directory, name)
+                try:
+                    st = os.lstat(path)
+                except OSError as err:
+                    raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})."
+                                          + see("cannot-open-file")) from err
+                if st.st_size != info["size"]:
+                    raise CheckpointError(f"{path}: size is {st.st_size} bytes; the manifest says {info['size']}. "
+                                          "The file is truncated or replaced." + see("size-mismatch"))
+                identities[path] = safetensors_io.identity(st)
+            return identities
         # The checkpoint folder is one shared file system (docs/multi-host.md): each process checks
         # an equal share of the files, and `load` shares every failure before any reader opens one.
         share = share_of({name: int(info["size"]) for name, info in listed.items()},

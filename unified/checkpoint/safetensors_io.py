@@ -46,7 +46,7 @@ _LIVE_BUFFERS = 4      # ...and how many of them at most (32 MiB)
 # a model of ~47k tensors: ~141k arrays named like optimizer_0/state/12345/exp_avg_sq) needs
 # ~16 MB. 64 MiB leaves four times that, below the safetensors crate's own 100 MB limit.
 MAX_HEADER_BYTES = 64 << 20
-MAX_METADATA_ENTRIES = 1024  # unified writes none; the format allows a str -> str mapping
+MAX_METADATA_ENTRIES = 1024  # the format allows a str -> str mapping (torch DCP's shard files hold 3)
 MAX_RANK = 64  # NumPy's limit on dimensions
 
 
@@ -253,17 +253,56 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
             arrays, spans = _allocate(header, size - 8 - length, path)
         except CheckpointError as err:  # a damaged file is a checksum mismatch rather than a bad header
             if "file ended" not in str(err) and _whole_file_checksum(fd, size) != checksum:
-                raise _checksum_mismatch(path) from err
+                raise checksum_mismatch(path) from err
             raise
         _read_into(fd, 8 + length, spans, digest, path, size)
     finally:
         os.close(fd)
     if digest.hexdigest() != checksum:
-        raise _checksum_mismatch(path)
+        raise checksum_mismatch(path)
     return arrays
 
 
-def _checksum_mismatch(path: str) -> CheckpointError:
+def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Optional[np.ndarray]]
+              ) -> Optional[Dict[str, object]]:
+    """Read a whole safetensors file straight into arrays the caller gives, hashing every byte
+    in the same pass, as `read` does; returns ``{"size", "xxh3"}`` of the file for the caller to
+    compare with what it expects (nothing is compared here: the arrays must be fresh memory
+    that nobody uses until the caller has). ``destination(key, safetensors dtype, shape)``
+    gives a writable C-contiguous array of exactly that entry's bytes, or ``None``: then no data
+    is read and the result is ``None`` (the file is left to another reader). Raises
+    `CheckpointError` naming the file when it cannot be opened, is not well-formed, or ends
+    while it is read.
+
+    Example:
+        >>> out = np.empty(3, np.float32)
+        >>> read_into("model.safetensors", lambda key, dtype, shape: out if key == "w" else None)
+    """
+    fd = _open_for_reading(path)
+    try:
+        size = os.fstat(fd).st_size
+        digest = xxhash.xxh3_64()
+        length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
+        header = _read_exact(fd, 8, length, path, size, digest)
+
+        def make(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Optional[np.ndarray]:
+            target = destination(key, safetensors_dtype(dtype), tuple(shape))
+            if target is not None and (not target.flags.c_contiguous or not target.flags.writeable
+                                       or target.nbytes != math.prod(shape) * dtype.itemsize):
+                raise ValueError(f"the destination of {_shown(key)} is not {math.prod(shape) * dtype.itemsize} "
+                                 "writable contiguous bytes")
+            return target
+
+        arrays, starts = _lay_out(header, size - 8 - length, path, make)
+        if any(array is None for array in arrays.values()):
+            return None
+        _read_into(fd, 8 + length, sorted(zip(starts, arrays.values()), key=lambda span: span[0]), digest, path, size)
+    finally:
+        os.close(fd)
+    return {"size": size, "xxh3": digest.hexdigest()}
+
+
+def checksum_mismatch(path: str) -> CheckpointError:
     return CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
 
 
@@ -308,14 +347,14 @@ def _private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
 def _allocate(header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.ndarray], List[Tuple[int, np.ndarray]]]:
     """Empty private arrays for the header's entries, and ``(offset in the data section, array)``
     in file order. At most ``data_size`` bytes are ever allocated, whatever the header says."""
-    arrays, starts = _lay_out(header, data_size, path, lambda dtype, shape, start: _private_array(dtype, shape))
+    arrays, starts = _lay_out(header, data_size, path, lambda key, dtype, shape, start: _private_array(dtype, shape))
     spans = sorted(zip(starts, arrays.values()), key=lambda span: span[0])
     return arrays, spans
 
 
-def _lay_out(header: bytes, data_size: int, name: str, make: Callable[[np.dtype, Tuple[int, ...], int], np.ndarray]
-             ) -> Tuple[Dict[str, np.ndarray], List[int]]:
-    """``{key: make(dtype, shape, start)}`` for the entries of a header whose arrays tile the data
+def _lay_out(header: bytes, data_size: int, name: str,
+             make: Callable[[str, np.dtype, Tuple[int, ...], int], np.ndarray]) -> Tuple[Dict[str, np.ndarray], List[int]]:
+    """``{key: make(key, dtype, shape, start)}`` for the entries of a header whose arrays tile the data
     section of ``data_size`` bytes exactly, and their starts (in the header's order); anything
     else raises `CheckpointError` naming ``name``. ``make`` is never asked for more than
     ``data_size`` bytes in all."""
@@ -329,7 +368,7 @@ def _lay_out(header: bytes, data_size: int, name: str, make: Callable[[np.dtype,
             total += end - start
             if total > data_size:
                 raise _not_safetensors(name, f"its arrays overlap or leave bytes of the {data_size}-byte data section unused")
-            arrays[key] = make(dtype, shape, start)
+            arrays[key] = make(key, dtype, shape, start)
             starts.append(start)
             ends.append(end)
     except CheckpointError:
@@ -403,16 +442,17 @@ def verify_for_reader(path: str, size: int, checksum: str) -> Tuple[int, ...]:
     return _hash_file(path, size, checksum)[1]
 
 
-def changed_since(path: str, identity: Tuple[int, ...]) -> bool:
-    """Whether ``path`` may have changed since `verify_for_reader` returned ``identity``: replaced,
-    resized, written or touched (each moves its change time), or gone."""
+def changed_since(path: str, seen: Tuple[int, ...]) -> bool:
+    """Whether ``path`` may have changed since `verify_for_reader` (or `identity`) returned
+    ``seen``: replaced, resized, written or touched (each moves its change time), or gone."""
     try:
-        return _identity(os.lstat(path)) != identity
+        return identity(os.lstat(path)) != seen
     except OSError:
         return True
 
 
-def _identity(st: os.stat_result) -> Tuple[int, ...]:
+def identity(st: os.stat_result) -> Tuple[int, ...]:
+    """What `changed_since` compares: device, inode, size, modification and change times."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -432,10 +472,10 @@ def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int,
                 break
             digest.update(view[:count])
             total += count
-        identity = _identity(os.fstat(handle.fileno()))
+        seen = identity(os.fstat(handle.fileno()))
     if checksum is not None and digest.hexdigest() != checksum:
         raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
-    return {"size": total, "xxh3": digest.hexdigest()}, identity
+    return {"size": total, "xxh3": digest.hexdigest()}, seen
 
 
 # -- parsing a header that may be hostile ----------------------------------------------------------
@@ -455,8 +495,6 @@ _W = r"[ \t\n\r]*"
 _INTS = r"\[[-0-9, \t\n\r]*\]"
 _FIELD = rf'(?:"dtype"{_W}:{_W}"[A-Z0-9_]{{1,16}}"|"(?:shape|data_offsets)"{_W}:{_W}{_INTS})'
 _INFO = re.compile(rf"\{{{_W}{_FIELD}{_W},{_W}{_FIELD}{_W},{_W}{_FIELD}{_W}\}}")
-_PAIR = rf'"[^"\\]*"{_W}:{_W}"[^"\\]*"'  # metadata, which unified never writes: no escapes
-_METADATA = re.compile(rf"\{{{_W}(?:{_PAIR}(?:{_W},{_W}{_PAIR}){{0,{MAX_METADATA_ENTRIES - 1}}}{_W})?\}}")
 _SPACE = re.compile(_W)
 _INFO_KEYS = {"dtype", "shape", "data_offsets"}
 
@@ -483,18 +521,43 @@ def _header_entries(text: str, name: str) -> Iterator[Tuple[str, str]]:
             raise _not_safetensors(name, f"expected an array name at byte {at} of the header")
         key, at = scanstring(text, at + 1)
         at = _after(text, at, ":", name)
-        match = (_METADATA if key == "__metadata__" else _INFO).match(text, at)
-        if match is None:
-            expected = f"a mapping of at most {MAX_METADATA_ENTRIES} strings" if key == "__metadata__" else \
-                "{'dtype': name, 'shape': [integers], 'data_offsets': [integers]}"
-            raise _not_safetensors(name, f"entry {_shown(key)} at byte {at} of the header is not {expected}")
-        yield key, match.group()
-        at = _SPACE.match(text, match.end()).end()
+        if key == "__metadata__":
+            end = _metadata_end(text, at, name)
+            yield key, ""  # nothing of it is kept
+        else:
+            match = _INFO.match(text, at)
+            if match is None:
+                raise _not_safetensors(name, f"entry {_shown(key)} at byte {at} of the header is not "
+                                             "{'dtype': name, 'shape': [integers], 'data_offsets': [integers]}")
+            end = match.end()
+            yield key, match.group()
+        at = _SPACE.match(text, end).end()
         more = text.startswith(",", at)
         if more:
             at = _SPACE.match(text, at + 1).end()
     if _after(text, at, "}", name) != len(text):
         raise _not_safetensors(name, "data after the header's closing brace")
+
+
+def _metadata_end(text: str, at: int, name: str) -> int:
+    """The end of the ``__metadata__`` mapping starting at ``at``: at most MAX_METADATA_ENTRIES
+    pairs of strings (escapes allowed: torch's DCP stores JSON there), each string scanned by
+    json's C scanner and dropped, so nothing grows with the entries."""
+    at = _after(text, at, "{", name)
+    if text.startswith("}", at):
+        return at + 1
+    for _ in range(MAX_METADATA_ENTRIES):
+        for token in (":", None):
+            if not text.startswith('"', at):
+                raise _not_safetensors(name, f"the __metadata__ entry at byte {at} of the header is not a string")
+            at = scanstring(text, at + 1)[1]
+            if token:
+                at = _after(text, at, token, name)
+        at = _SPACE.match(text, at).end()
+        if text.startswith("}", at):
+            return at + 1
+        at = _after(text, at, ",", name)
+    raise _not_safetensors(name, f"__metadata__ holds more than {MAX_METADATA_ENTRIES} entries")
 
 
 def _shown(key: str) -> str:
@@ -558,7 +621,7 @@ def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
     data section raises `CheckpointError` naming ``name``."""
     length = _header_length(bytes(buffer[:8]), len(buffer) - 8, name)
     data_start, data_size = 8 + length, len(buffer) - 8 - length
-    return _lay_out(bytes(buffer[8:data_start]), data_size, name, lambda dtype, shape, start: np.frombuffer(
+    return _lay_out(bytes(buffer[8:data_start]), data_size, name, lambda key, dtype, shape, start: np.frombuffer(
         buffer, dtype=dtype, count=math.prod(shape), offset=data_start + start).reshape(shape))[0]
 
 

@@ -1,0 +1,146 @@
+"""torch DCP storage that writes and reads its safetensors files through `unified`'s own
+safetensors I/O, so that every byte is hashed in the pass that writes or reads it.
+
+torch's ``HuggingFaceStorageWriter`` builds each process's whole file as one ``bytes`` object
+before writing it (2x the process's own shards at the peak) and its reader maps every file;
+`unified` then hashed each file in a pass of its own. These two keep DCP's planning (which file
+holds which slice: the same files, names and ``DCP_SHARDING_INFO`` headers, so either reader
+opens what the other wrote) and replace the file I/O:
+
+- `HashingWriter` streams each process's shards from their tensors into its file
+  (`safetensors_io.write`: no copy of the whole file, xxh3 in the same pass) and keeps the
+  file's size and checksum in ``written``.
+- `HashingReader` reads a file that this process needs whole (a restart on the same process
+  count: each process its own file) straight into the fresh tensors DCP asks it to fill, hashing
+  it in the same pass (``hashed``); a file it needs only slices of (a restart on another count)
+  goes through torch's reader and is hashed by `unified` afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from unified.checkpoint import safetensors_io
+from unified.errors import CheckpointError, see
+
+from .core import _SAFETENSORS_DTYPES, export_tensor
+
+__all__ = ["HashingWriter", "HashingReader"]
+
+# torch/distributed/checkpoint/_hf_utils.py: what its reader looks up in a file's __metadata__
+_SHARDING_INFO = "DCP_SHARDING_INFO"
+_SAVED_OFFSETS = "saved_offsets"
+
+
+def _file_name(shard_index: int) -> str:
+    """The name torch's writer gives process ``shard_index``'s file (``_hf_utils._gen_file_name``)."""
+    return f"shard-{shard_index:05d}-model-00001-of-00001.safetensors"
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+class HashingWriter(HuggingFaceStorageWriter):
+    """``HuggingFaceStorageWriter(path, save_distributed=True)`` whose `write_data` streams.
+
+    Example:
+        >>> writer = HashingWriter("ckpt/sharded.dcp")
+        >>> # dcp's planning as usual, then writer.write_data(plan, planner); writer.written
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, save_distributed=True)
+        self.written: Dict[str, Dict[str, Any]] = {}
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
+        if not plan.items:
+            return _done([])
+        if any(item.type == WriteItemType.BYTE_IO for item in plan.items):
+            raise CheckpointError("sharded state holds a non-tensor value, which the safetensors storage cannot "
+                                  "write." + see("save-failed"))
+        name = _file_name(plan.storage_data["shard_index"])
+        arrays, offsets = {}, {}
+        for item in plan.items:
+            fqn = item.index.fqn
+            arrays[fqn] = export_tensor(planner.resolve_data(item))
+            offsets[fqn] = {_SAVED_OFFSETS: list(item.tensor_data.chunk.offsets)}
+        written = safetensors_io.write(os.path.join(str(self.path), name), arrays, metadata={
+            _SHARDING_INFO: json.dumps(offsets), "DCP_VERSION": "1.0", "format": "pt"})
+        self.written[name] = written
+        return _done([WriteResult(index=item.index, size_in_bytes=arrays[item.index.fqn][2].nbytes, storage_data=name)
+                      for item in plan.items])
+
+
+class HashingReader(HuggingFaceStorageReader):
+    """``HuggingFaceStorageReader`` that reads the files it needs whole in one hashed pass.
+
+    Example:
+        >>> reader = HashingReader("ckpt/sharded.dcp")
+        >>> dcp.load(fresh_tensors, storage_reader=reader); reader.hashed
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.hashed: Dict[str, Dict[str, Any]] = {}
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
+        per_file: Dict[str, List[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        sliced = {}
+        for path, items in per_file.items():
+            if not self._read_whole(path, items, planner):
+                sliced[path] = items
+        if sliced:
+            from safetensors import safe_open
+
+            for path, items in sliced.items():
+                with safe_open(filename=path, framework="pt") as handle:
+                    for item in items:
+                        self._process_read_request(handle, item, planner)
+        return _done(None)
+
+    def _read_whole(self, path: str, items: List[ReadItem], planner: LoadPlanner) -> bool:
+        """Read ``path`` into the tensors ``items`` ask for when they take every entry of it
+        whole (the file is hashed in the same pass); False (nothing read) otherwise."""
+        targets: Dict[str, Tuple[ReadItem, torch.Tensor]] = {}
+        for item in items:
+            info = self.storage_data[item.storage_index]
+            whole = all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(info.shape)
+            target = planner.resolve_tensor(item).detach()
+            if not whole or item.storage_index.fqn in targets or not target.is_contiguous() or target.device.type != "cpu":
+                return False
+            targets[item.storage_index.fqn] = (item, target)
+        filled = set()
+
+        def destination(key: str, dtype: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
+            item_target = targets.get(key)
+            if item_target is None:  # DCP asks for no empty tensor: nothing to read
+                return np.empty(0, np.uint8) if 0 in shape else None
+            target = item_target[1]
+            if _SAFETENSORS_DTYPES.get(target.dtype) != dtype or tuple(target.shape) != shape:
+                return None
+            filled.add(key)
+            return target.reshape(-1).view(torch.uint8).numpy() if target.numel() else np.empty(0, np.uint8)
+
+        hashed = safetensors_io.read_into(path, destination)
+        if hashed is None:
+            return False
+        if filled != set(targets):  # the file lost entries since DCP read its header
+            raise CheckpointError(f"{path}: holds no {sorted(set(targets) - filled)[0]!r} any more; it changed while it "
+                                  "was read. Nothing was restored." + see("file-ended"))
+        for item, target in targets.values():
+            planner.commit_tensor(item, target)
+        self.hashed[os.path.basename(path)] = hashed
+        return True
