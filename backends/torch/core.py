@@ -92,6 +92,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         self._store: Optional[Any] = None
         self._owns_group = False
         self._broken = False
+        self._peer_calls: Dict[str, int] = {}  # entries into `peer_errors`, per operation
         self._instance = next_instance()  # keeps the store keys of two Accelerators apart
         self._device = torch.device("cpu")
 
@@ -180,18 +181,24 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     def _fail(self, key: str, timeout: float, err: Exception, grace: float) -> None:
         self._mark_broken()
+        missing, unreachable = self._diagnose(key, grace)
+        source = f"{unreachable}; torch.distributed" if unreachable else "torch.distributed"
+        raise timeout_error(self, key, timeout, err, missing, source) from err
+
+    def _diagnose(self, key: str, grace: float) -> Tuple[Optional[List[int]], Optional[str]]:
+        """After a failed collective: the processes that did not note their arrival at ``key``
+        within ``grace`` (`_missing`), or why the store could not be asked."""
         found: Dict[str, Optional[List[int]]] = {}
         # The store lives on the main process's machine: when this machine lost its link to it,
         # every call blocks (for the store's own timeout, minutes). Ask from a thread, wait a bit.
         asking = threading.Thread(target=self._missing, args=(key, grace, found), daemon=True)
         asking.start()
         asking.join(grace + _STORE_ANSWER_S)
-        source = "torch.distributed"
         if asking.is_alive():
             address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-            source = (f"the rendezvous store at {address} (process 0's machine) did not answer within "
-                      f"{_STORE_ANSWER_S:g}s: this machine may have lost its network link to it; torch.distributed")
-        raise timeout_error(self, key, timeout, err, found.get("missing"), source) from err
+            return None, (f"the rendezvous store at {address} (process 0's machine) did not answer within "
+                          f"{_STORE_ANSWER_S:g}s: this machine may have lost its network link to it")
+        return found.get("missing"), None
 
     def _missing(self, key: str, grace: float, found: Dict[str, Optional[List[int]]]) -> None:
         """The processes that did not publish their arrival at ``key`` (waiting up to ``grace`` for
@@ -386,17 +393,26 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
 
     @contextlib.contextmanager
     def peer_errors(self, what: str) -> Iterator[None]:
-        """Turn a communication failure inside DDP's own collectives into a `DistributedError`."""
+        """Turn a communication failure inside DDP's own collectives into a `DistributedError`
+        naming the processes that did not answer (every process enters ``what`` as often as the
+        others, so the n-th entry is the same collective everywhere: its arrival notes, see
+        `_diagnose`), or saying that this machine cannot reach process 0's."""
+        count = self._peer_calls[what] = self._peer_calls.get(what, 0) + 1
         try:
             yield
         except RuntimeError as err:
             if self.num_processes == 1 or isinstance(err, DistributedError) or not _is_communication_error(err):
                 raise
             self._mark_broken()
+            missing, unreachable = self._diagnose(f"{what} #{count}", _DIAGNOSE_GRACE_S)
+            if missing:
+                lost = (f"{'process' if len(missing) == 1 else 'processes'} {', '.join(map(str, missing))} did not "
+                        "answer (died, frozen or cut off)")
+            else:
+                lost = unreachable or "a peer process died or disconnected"
             raise DistributedError(
-                f"[process {self.process_index}/{self.num_processes}] {what} failed: a peer process died or "
-                f"disconnected (torch.distributed: {first_line(err)}). Check the other processes' logs for an "
-                "earlier error." + see("distributederror")
+                f"[process {self.process_index}/{self.num_processes}] {what} failed: {lost} (torch.distributed: "
+                f"{first_line(err)}). Check the other processes' logs for an earlier error." + see("distributederror")
             ) from err
 
     def unwrap_model(self, model: Any) -> Any:
