@@ -404,7 +404,10 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
             if self.num_processes == 1 or isinstance(err, DistributedError) or not _is_communication_error(err):
                 raise
             self._mark_broken()
-            missing, unreachable = self._diagnose(f"{what} #{count}", _DIAGNOSE_GRACE_S)
+            # after gloo's own timeout (the Accelerator's) every live peer had the time to note its
+            # arrival; a disconnect comes at once, before the other survivors may have noted theirs
+            timed_out = "timed out" in str(err).lower()
+            missing, unreachable = self._diagnose(f"{what} #{count}", 0.0 if timed_out else _DIAGNOSE_GRACE_S)
             if missing:
                 lost = (f"{'process' if len(missing) == 1 else 'processes'} {', '.join(map(str, missing))} did not "
                         "answer (died, frozen or cut off)")

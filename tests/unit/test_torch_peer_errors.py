@@ -78,3 +78,17 @@ def test_a_process_cut_off_from_the_store_names_process_0s_machine(monkeypatch):
     finally:
         store.released.set()
     assert "the rendezvous store at 10.231.0.1:29500 (process 0's machine) did not answer" in message, message
+
+
+def test_after_a_disconnect_a_late_note_is_waited_for():
+    """A peer's death reaches every survivor at once, before the others may have noted their
+    arrival: the diagnosis waits for late notes (a gloo timeout does not: everyone had the time)."""
+    store = dist.HashStore()
+    backend = _backend(store, size=3)
+    late = threading.Timer(0.1, lambda: store.set(f"{WHAT} #1/1", "1"))  # survivor 1, a moment later
+    late.start()
+    with pytest.raises(DistributedError) as caught:
+        with backend.peer_errors(WHAT):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242")
+    late.join()
+    assert "process 2 did not answer" in str(caught.value), caught.value  # the dead one, not survivor 1
