@@ -17,6 +17,7 @@ opens what the other wrote) and replace the file I/O:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -98,17 +99,9 @@ class HashingReader(HuggingFaceStorageReader):
         per_file: Dict[str, List[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-        sliced = {}
-        for path, items in per_file.items():
-            if not self._read_whole(path, items, planner):
-                sliced[path] = items
-        if sliced:
-            from safetensors import safe_open
-
-            for path, items in sliced.items():
-                with safe_open(filename=path, framework="pt") as handle:
-                    for item in items:
-                        self._process_read_request(handle, item, planner)
+        sliced = [item for path, items in per_file.items() if not self._read_whole(path, items, planner) for item in items]
+        if sliced:  # torch's own reader, for the files needed only in slices
+            return super().read_data(dataclasses.replace(plan, items=sliced), planner)
         return _done(None)
 
     def _read_whole(self, path: str, items: List[ReadItem], planner: LoadPlanner) -> bool:
@@ -128,11 +121,13 @@ class HashingReader(HuggingFaceStorageReader):
             item_target = targets.get(key)
             if item_target is None:  # DCP asks for no empty tensor: nothing to read
                 return np.empty(0, np.uint8) if 0 in shape else None
-            target = item_target[1]
-            if _SAFETENSORS_DTYPES.get(target.dtype) != dtype or tuple(target.shape) != shape:
+            if item_target[1].dtype not in _SAFETENSORS_DTYPES:
+                return None
+            stored_as, target_shape, raw = export_tensor(item_target[1])  # a view: contiguous, on the CPU
+            if (stored_as, target_shape) != (dtype, shape):
                 return None
             filled.add(key)
-            return target.reshape(-1).view(torch.uint8).numpy() if target.numel() else np.empty(0, np.uint8)
+            return raw
 
         hashed = safetensors_io.read_into(path, destination)
         if hashed is None:

@@ -23,13 +23,13 @@ ROOTS = ("unified", "backends")
 
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
-# `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `checksum_mismatch` and
-# `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
+# `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `checksum_mismatch`,
+# `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
 # return CheckpointErrors that end with see(...); `_rows_error` (unified/metrics.py) returns a
 # ValueError ending with see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a
 # BackendUnavailable ending with see("private-api-changed").
 SELF_LINKED = {"changed", "BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
-               "_commit_error", "checksum_mismatch", "_ended", "_rows_error"}
+               "_commit_error", "checksum_mismatch", "size_mismatch", "cannot_open", "_ended", "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 

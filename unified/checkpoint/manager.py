@@ -18,7 +18,7 @@ import uuid
 import zlib
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -71,6 +71,14 @@ def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
             f"save_state({final!r}) failed and was not committed; the previous checkpoint is intact. "
             f"{'; '.join(errors)}" + see("save-failed")
         )
+
+
+def _raise_failed(directory: str, failed: List[Tuple[int, str]]) -> None:
+    """Raise, naming every process's reason, when any process (``(rank, reason)``) failed to load."""
+    if failed:
+        raise CheckpointError(f"{directory}: cannot be loaded; "
+                              + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
+                              + see("another-process-could-not-load"))
 
 
 def _commit_error(final: str, err: OSError) -> CheckpointError:
@@ -437,10 +445,9 @@ class CheckpointManager:
         token, tmp = self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
         if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
-            # every process's shards are on disk: each process checksums an equal share of those
-            # that no writer hashed (the decision is the same everywhere: it reads only the reports)
-            known = {name for r in reports for name in r["files"]}
-            hashed = self.collectives.all_gather_json(self._hash_share(tmp, known), operation="save_state (shards hashed)")
+            # every process's shards are on disk and no writer hashed them: each process checksums
+            # an equal share of them (the decision is the same everywhere: it reads only the reports)
+            hashed = self.collectives.all_gather_json(self._hash_share(tmp), operation="save_state (shards hashed)")
             reports = [{**r, "error": h["error"]} if "error" in h else r for r, h in zip(reports, hashed)]
             reports[0].setdefault("shard_files", {}).update({k: v for h in hashed for k, v in h.get("files", {}).items()})
         # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
@@ -484,13 +491,11 @@ class CheckpointManager:
         _raise_reported(final, reports)
         return final
 
-    def _hash_share(self, tmp: str, known: Set[str]) -> Dict[str, Any]:
-        """This process's share (`share_of`) of the checksums of the shard files not ``known``
-        already, or an ``error``."""
+    def _hash_share(self, tmp: str) -> Dict[str, Any]:
+        """This process's share (`share_of`) of the shard files' checksums, or an ``error``."""
         rank, count = self.backend.process_index, self.backend.num_processes
         try:
-            sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in _tree(tmp, self.sharded_dir)
-                     if name not in known}
+            sizes = {name: os.path.getsize(os.path.join(tmp, name)) for name in _tree(tmp, self.sharded_dir)}
             return {"files": _hash_files(tmp, share_of(sizes, rank, count))}
         except OSError as err:
             return {"error": f"process {rank}: {err}"}
@@ -673,11 +678,7 @@ class CheckpointManager:
 
     def _raise_shared(self, directory: str, failure: Optional[BaseException], operation: str) -> None:
         """Share ``failure`` (or none) with every process; raise on every process when any failed."""
-        failed = self.collectives.share_failure(failure, operation)
-        if failed:
-            raise CheckpointError(f"{directory}: cannot be loaded; "
-                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
-                                  + see("another-process-could-not-load"))
+        _raise_failed(directory, self.collectives.share_failure(failure, operation))
 
     def _check_resumable(self, directory: str, manifest: Dict[str, Any], states: Dict[str, Any]) -> None:
         """Before any object is restored: every object with a check accepts its saved state in this
@@ -747,18 +748,14 @@ class CheckpointManager:
             if info is None:
                 failure = f"{path}: read by the sharded reader but not listed in the manifest"
             elif got["size"] != info["size"]:
-                failure = f"{path}: size is {got['size']} bytes; the manifest says {info['size']}"
+                failure = str(safetensors_io.size_mismatch(path, got["size"], info["size"]))
             elif got["xxh3"] != info["xxh3"]:
                 failure = str(safetensors_io.checksum_mismatch(path))
             if failure:
                 break
         gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure},
                                                     operation="load_state (sharded files checked)")
-        failed = [(rank, g["error"]) for rank, g in enumerate(gathered) if g["error"]]
-        if failed:
-            raise CheckpointError(f"{directory}: cannot be loaded; "
-                                  + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
-                                  + see("another-process-could-not-load"))
+        _raise_failed(directory, [(rank, g["error"]) for rank, g in enumerate(gathered) if g["error"]])
         done = {prefix + name for g in gathered for name in g["hashed"]}
         rest = {name: int(info["size"]) for name, info in listed.items() if name not in done}
         if not rest:  # the same on every process: it comes from the gathered lists
@@ -876,11 +873,9 @@ class CheckpointManager:
                 try:
                     st = os.lstat(path)
                 except OSError as err:
-                    raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})."
-                                          + see("cannot-open-file")) from err
+                    raise safetensors_io.cannot_open(path, err) from err
                 if st.st_size != info["size"]:
-                    raise CheckpointError(f"{path}: size is {st.st_size} bytes; the manifest says {info['size']}. "
-                                          "The file is truncated or replaced." + see("size-mismatch"))
+                    raise safetensors_io.size_mismatch(path, st.st_size, info["size"])
                 identities[path] = safetensors_io.identity(st)
             return identities
         # The checkpoint folder is one shared file system (docs/multi-host.md): each process checks

@@ -223,7 +223,16 @@ def _open_for_reading(path: str) -> int:
     try:
         return open_regular_file(path)
     except OSError as err:
-        raise CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})." + see("cannot-open-file")) from err
+        raise cannot_open(path, err) from err
+
+
+def cannot_open(path: str, err: OSError) -> CheckpointError:
+    return CheckpointError(f"{path}: cannot open checkpoint file ({err.strerror})." + see("cannot-open-file"))
+
+
+def size_mismatch(path: str, actual: int, size: int) -> CheckpointError:
+    return CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
+                           + see("size-mismatch"))
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
@@ -242,14 +251,12 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     try:
         actual = os.fstat(fd).st_size
         if actual != size:
-            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
-                                  + see("size-mismatch"))
+            raise size_mismatch(path, actual, size)
         if size == 0:
             raise CheckpointError(f"{path}: empty file." + see("empty-file"))
         digest = xxhash.xxh3_64()
         try:
-            length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
-            header = _read_exact(fd, 8, length, path, size, digest)
+            length, header = _read_header(fd, path, size, digest)
             arrays, spans = _allocate(header, size - 8 - length, path)
         except CheckpointError as err:  # a damaged file is a checksum mismatch rather than a bad header
             if "file ended" not in str(err) and _whole_file_checksum(fd, size) != checksum:
@@ -282,8 +289,7 @@ def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Opti
     try:
         size = os.fstat(fd).st_size
         digest = xxhash.xxh3_64()
-        length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
-        header = _read_exact(fd, 8, length, path, size, digest)
+        length, header = _read_header(fd, path, size, digest)
 
         def make(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Optional[np.ndarray]:
             target = destination(key, safetensors_dtype(dtype), tuple(shape))
@@ -296,7 +302,7 @@ def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Opti
         arrays, starts = _lay_out(header, size - 8 - length, path, make)
         if any(array is None for array in arrays.values()):
             return None
-        _read_into(fd, 8 + length, sorted(zip(starts, arrays.values()), key=lambda span: span[0]), digest, path, size)
+        _read_into(fd, 8 + length, _in_file_order(arrays, starts), digest, path, size)
     finally:
         os.close(fd)
     return {"size": size, "xxh3": digest.hexdigest()}
@@ -309,6 +315,12 @@ def checksum_mismatch(path: str) -> CheckpointError:
 def _ended(fd: int, path: str, size: int) -> CheckpointError:
     return CheckpointError(f"{path}: file ended after {os.fstat(fd).st_size} of {size} bytes (it shrank while it was "
                            "read); nothing was restored." + see("file-ended"))
+
+
+def _read_header(fd: int, path: str, size: int, digest: Any) -> Tuple[int, bytes]:
+    """The header's length and bytes of the open safetensors file ``fd`` of ``size`` bytes, hashed."""
+    length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
+    return length, _read_exact(fd, 8, length, path, size, digest)
 
 
 def _read_exact(fd: int, offset: int, count: int, path: str, size: int, digest: Any) -> bytes:
@@ -348,8 +360,12 @@ def _allocate(header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.nd
     """Empty private arrays for the header's entries, and ``(offset in the data section, array)``
     in file order. At most ``data_size`` bytes are ever allocated, whatever the header says."""
     arrays, starts = _lay_out(header, data_size, path, lambda key, dtype, shape, start: _private_array(dtype, shape))
-    spans = sorted(zip(starts, arrays.values()), key=lambda span: span[0])
-    return arrays, spans
+    return arrays, _in_file_order(arrays, starts)
+
+
+def _in_file_order(arrays: Dict[str, np.ndarray], starts: List[int]) -> List[Tuple[int, np.ndarray]]:
+    """``(offset in the data section, array)`` of `_lay_out`'s result, in file order."""
+    return sorted(zip(starts, arrays.values()), key=lambda span: span[0])
 
 
 def _lay_out(header: bytes, data_size: int, name: str,
@@ -462,8 +478,7 @@ def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int,
     with os.fdopen(fd, "rb", buffering=0) as handle:
         actual = os.fstat(handle.fileno()).st_size
         if size is not None and actual != size:
-            raise CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
-                                  + see("size-mismatch"))
+            raise size_mismatch(path, actual, size)
         buffer = bytearray(min(_READ_CHUNK, max(actual, 1)))  # one buffer, reused: no fresh memory per chunk
         view = memoryview(buffer)
         while True:
@@ -474,7 +489,7 @@ def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int,
             total += count
         seen = identity(os.fstat(handle.fileno()))
     if checksum is not None and digest.hexdigest() != checksum:
-        raise CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
+        raise checksum_mismatch(path)
     return {"size": total, "xxh3": digest.hexdigest()}, seen
 
 
