@@ -10,7 +10,9 @@ round: (1) the step over global ``jax.Array`` batches placed before the timing (
 loading in the loop at all), (2) the step fed by ``accelerator.prepare(unified.DataLoader(...,
 prefetch=0))`` (collate + ``make_array_from_process_local_data`` on the step's critical path),
 (3) the same with ``prefetch=2`` (placed in a background thread), and, for information, (4) the
-loader alone with nothing to do per batch. Every step is ``block_until_ready``-ed. Reports min,
+loader alone with nothing to do per batch and (5) the time the step's call holds the caller
+before it returns (Python and dispatch: host work that a producer thread's collate competes with
+for the GIL). Every step is ``block_until_ready``-ed. Reports min,
 median and spread (max/min) per variant and each median against the limit, and draws every
 round in docs/benchmarks/img/prefetch.png (``--no-picture``: not).
 """
@@ -100,8 +102,20 @@ def main() -> None:
         for batch in loaders[0]:
             jax.block_until_ready(batch)
 
+    def dispatch_only() -> float:
+        """Seconds the step's call held the caller (Python + enqueue) before it returned, summed
+        over the pass: the step's own host work, which competes with a producer thread's."""
+        held = 0.0
+        for batch in placed:
+            t0 = time.perf_counter()
+            loss = step(model, optimizer, batch)
+            held += time.perf_counter() - t0
+            loss.block_until_ready()
+        return held
+
     variants = {"step on pre-placed arrays (limit)": run_placed, "prepared loader, prefetch=0": run_loader(0),
-                "prepared loader, prefetch=2": run_loader(2), "[info] loader alone, prefetch=0": loader_only}
+                "prepared loader, prefetch=2": run_loader(2), "[info] loader alone, prefetch=0": loader_only,
+                "[info] the step's call until it returns (host work per step)": dispatch_only}
     for run in variants.values():  # warm-up (compilation)
         run()
     times = {name: [] for name in variants}
@@ -109,8 +123,8 @@ def main() -> None:
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
-            variants[name]()
-            times[name].append(time.perf_counter() - t0)
+            held = variants[name]()  # a float: the variant timed only part of its pass
+            times[name].append(held if held is not None else time.perf_counter() - t0)
     limit = statistics.median(times[names[0]])
     print(f"jax {jax.__version__}, {args.batches} steps of batch {args.batch} x {args.dim}, {args.rounds} rounds "
           f"(ms per step)")

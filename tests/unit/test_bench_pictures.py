@@ -23,7 +23,7 @@ def _load(name: str):
 
 mdtable, plot = _load("mdtable"), _load("plot")
 
-SCRIPTS = ["checkpoint", "collectives", "data", "faults", "loop", "prefetch"]
+SCRIPTS = ["checkpoint", "collectives", "data", "faults", "gil_contention", "loop", "prefetch"]
 
 
 def test_table_keeps_the_scripts_markdown():
