@@ -344,8 +344,19 @@ def _compare_loads(accelerator: Any, directory: str, mutate: Callable[[], None],
         memory.close()
         return seconds
 
+    def first_touch_numpy() -> float:
+        """The same through NumPy, as our reader allocates (NumPy asks for huge pages for arrays of
+        4 MiB and more; glibc maps an allocation this large fresh from the kernel every time)."""
+        start = time.perf_counter()
+        pages = np.empty(size, np.uint8)
+        pages[::4096] = 1
+        seconds = time.perf_counter() - start
+        del pages
+        return seconds
+
     contenders = {"raw readinto (limit)": lambda: _timed(raw), "ours (private reads)": ours,
-                  "before: mapped files": mapped, "[info] first touch of fresh memory": first_touch}
+                  "before: mapped files": mapped, "[info] first touch of fresh memory": first_touch,
+                  "[info] first touch of fresh NumPy memory": first_touch_numpy}
     for run in contenders.values():  # warm-up
         run()
     samples: Dict[str, List[float]] = {name: [] for name in contenders}
@@ -753,6 +764,10 @@ def main() -> None:
                         help="rounds of the load comparison: ours, the raw read limit, the mapped reader before")
     parser.add_argument("--resume-rounds", type=int, default=0,
                         help="rounds of the same comparison, each load in a fresh process (a resume)")
+    parser.add_argument("--read-chunk-mib", type=int, default=None,
+                        help="load_state's read chunk (MiB; unified's default 16), to measure the choice")
+    parser.add_argument("--readers", type=int, default=None,
+                        help="load_state's reader threads per file (unified's default: min(4, CPUs)), to measure the choice")
     parser.add_argument("--part", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--save-to", help=argparse.SUPPRESS)
     parser.add_argument("--resume-from", help=argparse.SUPPRESS)
@@ -761,6 +776,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.part:
+        from unified.checkpoint import safetensors_io
+
+        if args.read_chunk_mib:
+            safetensors_io._READ_CHUNK = args.read_chunk_mib << 20
+        if args.readers:
+            safetensors_io._READERS = args.readers
         res = (torch_part if args.part == "torch" else jax_part)(args)
         print(MARKER + json.dumps(res), flush=True)
         return
@@ -777,6 +798,8 @@ def main() -> None:
             cmd = [sys.executable, os.path.abspath(__file__), "--part", part, "--size-gb", str(args.size_gb),
                    "--repeats", str(args.repeats), "--dir", directory, "--hidden", str(args.hidden),
                    "--profile-passes", str(args.profile_passes), "--load-rounds", str(args.load_rounds)]
+            cmd += [f"--{name}={value}" for name, value in (("read-chunk-mib", args.read_chunk_mib),
+                                                             ("readers", args.readers)) if value]
             results.append(_run_part(cmd, part))
             if args.resume_rounds:
                 _log(f"  loads in fresh processes ({part})")
