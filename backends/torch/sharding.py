@@ -288,7 +288,12 @@ class TorchSharding(ShardedTraining, ShardedArrays):
     def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
         """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);
         the live ones are untouched (the manager checks the returned checksums, of the files
-        read whole, and hashes the others, before it restores anything)."""
+        read whole, and hashes the others, before it restores anything).
+
+        No collective (``no_dist=True``): each process plans its own reads from the shard files'
+        headers. Run distributed, DCP would exchange its plans and metadata with torch's object
+        collectives, which pickle and unpickle them; nothing on the load path unpickles. A
+        failure here is this process's alone: the manager shares it in its next exchange."""
         import torch.distributed.checkpoint as dcp
 
         from .dcp_storage import HashingReader
@@ -296,7 +301,7 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         target = {key: torch.empty_like(value) for key, value in like.items()}
         reader = HashingReader(directory)
         try:
-            dcp.load(target, storage_reader=reader)
+            dcp.load(target, storage_reader=reader, no_dist=True)
         except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError, AssertionError, OSError) as err:
             raise CheckpointError(f"{directory}: the sharded arrays cannot be read into this run's objects "
                                   f"({_first_line(err)}); nothing was restored." + see("sharded-load-failed")) from err

@@ -8,6 +8,7 @@ replicated reference. Full values (gathered DTensors) are compared as JSON lists
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,37 @@ ROWS, STEPS, LR, CLIP = 12, 3, 0.05, 0.5
 
 def _shared(*parts: str) -> str:
     return os.path.join(os.environ["UNIFIED_TEST_SHARED"], *parts)
+
+
+@contextlib.contextmanager
+def _counting_unpickles(seen: list):
+    """Count every unpickling while the body runs (appended to ``seen``), the process group's own
+    included: torch.distributed's object collectives (``broadcast_object_list``, ``all_gather_object``,
+    ``scatter_object_list``) unpickle what peers send through ``distributed_c10d._unpickler``."""
+    import pickle
+
+    import torch.distributed.distributed_c10d as c10d
+
+    class Counting(pickle.Unpickler):
+        def load(self):
+            seen.append("Unpickler.load")
+            return super().load()
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            seen.append(name)
+            return function(*args, **kwargs)
+        return wrapper
+
+    saved = (pickle.Unpickler, pickle.loads, pickle.load, getattr(c10d, "_unpickler", None))
+    pickle.Unpickler, c10d._unpickler = Counting, Counting
+    pickle.loads, pickle.load = counted("pickle.loads", pickle.loads), counted("pickle.load", pickle.load)
+    try:
+        yield
+    finally:
+        pickle.Unpickler, pickle.loads, pickle.load = saved[:3]
+        if saved[3] is not None:
+            c10d._unpickler = saved[3]
 
 
 def _build():
@@ -161,7 +193,9 @@ def fsdp_load(state: dict) -> dict:
     # prepare in the order the saving run did (the manifest lists its objects in that order)
     acc, model, optimizer = _setup(state, optimizer_first=os.environ.get("FSDP_SOURCE_OPTIMIZER_FIRST") == "1")
     before = _values(acc, model, optimizer)
-    acc.load_state(_shared(source))
+    unpickled: list = []
+    with _counting_unpickles(unpickled):
+        acc.load_state(_shared(source))
     loaded = _values(acc, model, optimizer)
     with open(_shared(f"{source}.json")) as handle:
         saved = json.load(handle)
@@ -169,7 +203,7 @@ def fsdp_load(state: dict) -> dict:
     after = _values(acc, model, optimizer)
     return {"param_diff": _diff(loaded["params"], saved["params"]),
             "optimizer_diff": _diff(loaded["optimizer"], saved["optimizer"]),
-            "changed_by_load": _diff(before["params"], loaded["params"]) > 0,
+            "changed_by_load": _diff(before["params"], loaded["params"]) > 0, "unpickled": unpickled,
             "trained_on": _diff(after["params"], loaded["params"]) > 0
             and all(np.isfinite(np.asarray(v)).all() for v in after["params"].values())}
 
@@ -199,15 +233,32 @@ def fsdp_damaged(state: dict) -> dict:
                         os.path.join(copy("foreign_shard"), shards[-1]))
     acc.wait_for_everyone()
     before = _values(acc, model, optimizer)
-    refused = {}
+    refused, unpickled = {}, []
     for case in sorted(os.listdir(root)):
         try:
-            acc.load_state(os.path.join(root, case))
+            with _counting_unpickles(unpickled):
+                acc.load_state(os.path.join(root, case))
             refused[case] = None
         except unified.CheckpointError as err:
             refused[case] = str(err)
+    # the sharded read fails on the last process only (it is not a collective): every process
+    # raises, none waits for the others' checksums until the timeout
+    backend = acc._collectives.backend
+    if acc.process_index == acc.num_processes - 1:
+        def failing(directory, like):
+            raise unified.CheckpointError(f"{directory}: injected read failure")
+        backend.load_sharded_hashed = failing
+    started = time.monotonic()
+    try:
+        acc.load_state(pristine)
+        one_failed = None
+    except unified.CheckpointError as err:
+        one_failed = str(err)
+    finally:
+        backend.__dict__.pop("load_sharded_hashed", None)
     untouched = _diff(_values(acc, model, optimizer)["params"], before["params"]) == 0.0
-    return {"refused": refused, "untouched": untouched}
+    return {"refused": refused, "untouched": untouched, "unpickled": unpickled, "one_failed": one_failed,
+            "one_failed_s": time.monotonic() - started}
 
 
 def fsdp_bf16_accumulate(state: dict) -> dict:

@@ -78,6 +78,15 @@ def test_a_checkpoint_reshards_onto_another_number_of_processes(runs, case):
         assert r["trained_on"], r
 
 
+@pytest.mark.parametrize("case", ["2to3", "2to1", "3to2", "damaged", "damaged_on_3"])
+def test_loading_sharded_state_never_unpickles_not_even_between_processes(runs, case):
+    """No pickle on the load path, torch's own collectives included (DCP's load exchanges its
+    plans and metadata with ``broadcast_object_list`` / ``scatter_object_list`` when it runs
+    distributed): every load, good or refused, counted no unpickling on any process."""
+    for r in runs[case]:
+        assert r["unpickled"] == [], r["unpickled"][:5]
+
+
 def test_bf16_and_gradient_accumulation_on_sharded_parameters(runs):
     for r in runs["bf16"]:
         assert r["dtype"] == "torch.float32" and r["steps"] == 3, r
@@ -111,6 +120,9 @@ def test_damaged_shards_are_refused_and_nothing_is_restored(runs):
         assert all(refused.values()), refused
         assert "checksum" in refused["flipped_byte"] or "xxh3" in refused["flipped_byte"], refused
         assert "shard-00001" in refused["missing_shard"], refused
+        # a read that failed on the last process only reached every process at once
+        assert r["one_failed"] and "injected read failure" in r["one_failed"], r
+        assert r["one_failed_s"] < 30, r
         assert r["untouched"], r
 
 

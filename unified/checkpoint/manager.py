@@ -715,14 +715,22 @@ class CheckpointManager:
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
         root, like = os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()}
         hashing = self.sharding.hashes_while_reading
+        restored: Dict[str, Any] = {}
+        hashes: Dict[str, Any] = {}
+        read_error: Optional[BaseException] = None
         try:
             restored, hashes = self.sharding.load_sharded_hashed(root, like) if hashing else \
                 (self.sharding.load_sharded(root, like), {})
-        except Exception:
-            self._refuse_changed(verified)  # the likelier cause of its error
-            raise
+        except Exception as err:
+            try:
+                self._refuse_changed(verified)  # the likelier cause of its error
+            except CheckpointError as changed:
+                err = changed
+            if not hashing:  # the backend's read was a collective: every process raised
+                raise err
+            read_error = err  # this process's alone (a hashing read is not a collective): shared below
         if hashing:
-            self._check_read_hashes(directory, manifest, hashes, verified)
+            self._check_read_hashes(directory, manifest, hashes, verified, read_error)
         else:
             failure: Optional[BaseException] = None
             try:
@@ -735,14 +743,19 @@ class CheckpointManager:
                 for entry in self.entries}
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
-                           identities: Dict[str, Tuple[int, ...]]) -> None:
+                           identities: Dict[str, Tuple[int, ...]], read_error: Optional[BaseException] = None) -> None:
         """After a reader that hashed the files it read whole (``hashes``, this process's), before
         anything is restored: those must match the manifest, and every other listed file is
         hashed now by one process (`share_of`) and must not have changed since `_read` saw it
-        (``identities``), so that what the reader took from it is what was checked. Collective."""
+        (``identities``), so that what the reader took from it is what was checked. Collective:
+        ``read_error``, this process's failed read, reaches every process here (and is raised
+        here as it is)."""
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
         failure: Optional[str] = None
+        if read_error is not None:
+            failure = str(read_error) if isinstance(read_error, CheckpointError) else f"{type(read_error).__name__}: {read_error}"
+            hashes = {}
         for name, got in sorted(hashes.items()):
             path, info = check_file_name(directory, prefix + name), listed.get(prefix + name)
             if info is None:
@@ -755,6 +768,8 @@ class CheckpointManager:
                 break
         gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure},
                                                     operation="load_state (sharded files checked)")
+        if read_error is not None:
+            raise read_error
         _raise_failed(directory, [(rank, g["error"]) for rank, g in enumerate(gathered) if g["error"]])
         done = {prefix + name for g in gathered for name in g["hashed"]}
         rest = {name: int(info["size"]) for name, info in listed.items() if name not in done}
