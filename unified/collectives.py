@@ -16,7 +16,7 @@ import numpy as np
 
 from .backend import ArrayCollectives, Backend
 from .checkpoint.safetensors_io import export_numpy, numpy_dtype
-from .errors import DistributedError, UnifiedError, see
+from .errors import DistributedError, failure_reason, see
 from .tree import flatten
 
 __all__ = ["Collectives"]
@@ -103,8 +103,7 @@ class Collectives:
     def share_failure(self, error: Optional[BaseException], operation: str) -> List[Tuple[int, str]]:
         """Tell every process whether this one failed, in one exchange: re-raises this process's
         own ``error``; otherwise returns ``(process index, reason)`` for each process that failed."""
-        reason = None if error is None else str(error) if isinstance(error, UnifiedError) else f"{type(error).__name__}: {error}"
-        reasons = self.all_gather_json(reason, operation)
+        reasons = self.all_gather_json(None if error is None else failure_reason(error), operation)
         if error is not None:
             raise error
         return [(rank, text) for rank, text in enumerate(reasons) if text]

@@ -142,3 +142,14 @@ class MissingCapability(UnifiedError, NotImplementedError, AttributeError):
 
 class InvalidBackend(UnifiedError, TypeError):
     """A registered backend class does not implement the interface (a required method is missing)."""
+
+
+def failure_reason(error: BaseException) -> str:
+    """What other processes are told of this process's ``error``: a unified error's own message
+    (it names the file or process), anything else with its type.
+
+    Example:
+        >>> failure_reason(OSError("disk full"))
+        'OSError: disk full'
+    """
+    return str(error) if isinstance(error, UnifiedError) else f"{type(error).__name__}: {error}"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
-from ..errors import CheckpointError, see
+from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lock, safetensors_io
@@ -752,11 +752,8 @@ class CheckpointManager:
         here as it is)."""
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
-        failure: Optional[str] = None
-        if read_error is not None:
-            failure = str(read_error) if isinstance(read_error, CheckpointError) else f"{type(read_error).__name__}: {read_error}"
-            hashes = {}
-        for name, got in sorted(hashes.items()):
+        failure: Optional[str] = None if read_error is None else failure_reason(read_error)
+        for name, got in sorted(hashes.items()):  # none after a failed read
             path, info = check_file_name(directory, prefix + name), listed.get(prefix + name)
             if info is None:
                 failure = f"{path}: read by the sharded reader but not listed in the manifest"
