@@ -24,7 +24,7 @@ What is compared:
   all-reduce (one int32 per process via ``jax.make_array_from_process_local_data`` on
   ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function). The other "info"
   rows are the options for a one-round-trip trigger, each by hand: a raw barrier through the
-  backend's caller thread, the device psum on a thread with a deadline, ``key_value_increment``
+  backend's caller thread (and through one that is not kept on its caller's core), the device psum on a thread with a deadline, ``key_value_increment``
   + a blocking get, the flag barrier with a flag set, and ours with the trigger set.
 """
 from __future__ import annotations
@@ -190,9 +190,20 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
         key = f"bench/raw #{counter[0]}"
         backend._answered(lambda: client.wait_at_barrier(key, timeout_ms), key, RAW_TIMEOUT_S)
 
+    from backends.jax.core import _Caller
+
+    elsewhere = _Caller()
+    elsewhere._core.thread_id = None  # a caller thread left wherever the scheduler puts it (before 2026-12-02)
+
+    def raw_barrier_bounded_elsewhere() -> None:
+        counter[0] += 1
+        key = f"bench/raw #{counter[0]}"
+        elsewhere.call(lambda: client.wait_at_barrier(key, timeout_ms), RAW_TIMEOUT_S)
+
     return {
         "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier,
-                              "info: raw barrier through the caller thread": raw_barrier_bounded},
+                              "info: raw barrier through the caller thread": raw_barrier_bounded,
+                              "info: the same, caller thread not kept on the caller's core": raw_barrier_bounded_elsewhere},
         "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_barrier,
                           "info: raw barrier + key_value_dir_get (the two-trip protocol)": raw_barrier_dir_get,
                           "info: raw device psum (jit)": raw_psum,
