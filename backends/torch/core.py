@@ -1,9 +1,11 @@
 """PyTorch primitives for `unified`: torch.distributed (gloo on CPU, NCCL on GPU)."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
+import sys
 import threading
 import time
 import warnings
@@ -37,6 +39,14 @@ _yield_core = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 _DIAGNOSE_GRACE_S = 2.0
 # How long a failed collective waits for the rendezvous store's answer about who arrived.
 _STORE_ANSWER_S = 2.0
+# How long the exit hook may spend leaving the process group (`TorchBackend._leave_at_exit`).
+_LEAVE_AT_EXIT_S = 10.0
+
+
+def _exiting_on_an_exception() -> bool:
+    """True in an exit hook when the script ended with an uncaught exception (the interpreter
+    printed it and kept it as ``sys.last_value``, ``sys.last_exc`` from Python 3.12)."""
+    return getattr(sys, "last_exc", None) is not None or getattr(sys, "last_value", None) is not None
 
 
 class _StoreChannel:
@@ -116,6 +126,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
                 device_id=self._device if cuda else None,
             )
             self._owns_group = True
+            atexit.register(self._leave_at_exit)
         self.process_index = dist.get_rank()
         self.num_processes = dist.get_world_size()
         self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
@@ -126,6 +137,19 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         if self._owns_group and dist.is_initialized() and not self._broken:
             dist.destroy_process_group()
         self._owns_group = False
+
+    def _leave_at_exit(self) -> None:
+        """At exit, leave the group this backend made, as `end_training` would, while the
+        interpreter is still whole. A group left to the interpreter's finalization can abort the
+        process ("terminate called without an active exception": gloo's threads still hold work
+        whose tensors need the GIL; pytorch/pytorch#190489). Not after an uncaught exception (a
+        peer may still be inside a collective with this process, and leaving would wait for it),
+        not in a broken group, and bounded: an exit never hangs here."""
+        if not self._owns_group or self._broken or _exiting_on_an_exception():
+            return
+        leaving = threading.Thread(target=self.shutdown, name="unified-leave-group", daemon=True)
+        leaving.start()
+        leaving.join(_LEAVE_AT_EXIT_S)
 
     @property
     def device(self) -> torch.device:
