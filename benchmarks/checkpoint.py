@@ -28,6 +28,18 @@ What is measured (single process, CPU, page cache warm; it cannot be dropped wit
   compresses every chunk with zstd (level 3), so for information the same is also timed with
   ``AsyncCheckpointer(PyTreeCheckpointHandler(use_compression=False))`` (same bytes as ours).
 
+Also in the same rounds, side by side (one table per framework): torch DCP
+(``torch.distributed.checkpoint.save`` / ``load`` in one process, its default FileSystemWriter,
+with the state dicts of ``torch.distributed.checkpoint.state_dict``) and the physical limit: the
+same bytes written with one ``write`` per array from the live memory into one file per object,
+and read back with ``readinto`` into warm memory of each file's size (nothing verified or
+restored). After the timed rounds, one more untimed round per contender records the peak memory
+of its save and load beyond what the process held before the call (benchmarks/memory.py): RSS,
+kernel-exact (``VmHWM`` after ``clear_refs``), and anonymous memory alone (``RssAnon``, sampled
+every 2 ms: apart from mapped file pages), each call after the C heap handed its free memory back
+to the kernel (else a call reuses, unseen, what the previous one freed; not in the timed rounds,
+since fresh pages cost time).
+
 Fairness: one untimed warm-up round of every contender first; in each repeat the contenders
 run in a rotated order; each contender's save is followed by its load, then its directory is
 deleted and ``os.sync()`` is called (outside the timings) so that no contender pays for
@@ -66,6 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List
 
@@ -75,6 +88,7 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import plot  # noqa: E402  (benchmarks/ is not a package)
 from mdtable import spread, table  # noqa: E402
+from memory import PeakMemory  # noqa: E402
 MARKER = "UNIFIED_BENCH_JSON "
 GB = 1e9
 
@@ -85,6 +99,9 @@ TARGETS = {  # from the issue: (operation, minimum speed-up of ours over the bas
     ("jax", "load_state"): 2.0,
 }
 ASYNC_TARGET = 0.10  # async blocking time <= 10% of a synchronous save
+# the peak memory keys `_round_trip` adds beside each operation's seconds (bytes)
+MEMORY_RSS = "peak RSS beyond the live state"
+MEMORY_ANON = "peak anonymous memory beyond the live state"
 
 
 # -- helpers ---------------------------------------------------------------------------------------
@@ -98,14 +115,75 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+class _Memory:
+    """While ``active`` (`_run_rounds`' memory round, after the timed rounds), `_round_trip`
+    measures each call's peak memory instead of only its time."""
+
+    active = False
+
+
 def _round_trip(save: Callable[[], Any], load: Callable[[], Any], mutate: Callable[[], None],
                 check: Callable[[], None]) -> Dict[str, float]:
-    """Time a save, change the live state, time the load, and check that the load undid the change."""
-    t_save = _timed(save)
-    mutate()
-    t_load = _timed(load)
+    """Time a save, change the live state, time the load, and check that the load undid the change.
+
+    In the memory round, each call also records its peak memory beyond what the process held
+    before it (`PeakMemory`: RSS, kernel-exact, and anonymous memory alone, sampled every 2 ms),
+    in bytes, after the C heap's free memory went back to the kernel: without that a contender
+    reuses, unseen, memory another one's call freed. That hand-back makes the call's allocations
+    take fresh pages, which costs time (a torch load of 1.5 GB: 2.2 s against 0.3 s measured
+    side by side), so the memory round is not one of the timed rounds."""
+    times: Dict[str, float] = {}
+    for op, call in (("save_state", save), ("load_state", load)):
+        if op == "load_state":
+            mutate()
+        if not _Memory.active:
+            times[op] = _timed(call)
+            continue
+        with PeakMemory(trim=True) as memory:
+            call()
+        times[f"{op} {MEMORY_RSS}"] = float(memory.peak - memory.before)
+        times[f"{op} {MEMORY_ANON}"] = float(memory.anon_peak - memory.anon_before)
     check()
-    return {"save_state": t_save, "load_state": t_load}
+    return times
+
+
+def _raw_limit(files: Callable[[], Dict[str, List[Any]]]) -> Callable[[str], Dict[str, float]]:
+    """The physical limit of a save and a load, as a contender: ``files()`` gives, per file, the
+    live arrays' own memory (NumPy views, no copy). Save: one ``write`` per array into one file
+    per object (no header, no checksum; no fsync, which ours does in the background after the
+    commit). Load: one ``readinto`` per 64 MiB into warm memory of each file's size (allocated and
+    touched in the untimed warm-up round, then reused): the same bytes, nothing verified or restored."""
+    buffers: Dict[str, bytearray] = {}
+
+    def run(path: str) -> Dict[str, float]:
+        views = files()
+
+        def save() -> None:
+            os.makedirs(path, exist_ok=True)
+            for name, arrays in views.items():
+                fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    for array in arrays:
+                        data, done = memoryview(array).cast("B"), 0
+                        while done < len(data):
+                            done += os.write(fd, data[done:])
+                finally:
+                    os.close(fd)
+
+        def load() -> None:
+            for name in views:
+                file = os.path.join(path, name)
+                size = os.path.getsize(file)
+                if len(buffers.get(name, b"")) != size:
+                    buffers[name] = bytearray(size)  # zero-filled: touched
+                view, got = memoryview(buffers[name]), 0
+                with open(file, "rb", buffering=0) as handle:
+                    while got < size:
+                        got += handle.readinto(view[got:got + (64 << 20)])
+
+        return _round_trip(save, load, lambda: None, lambda: None)
+
+    return run
 
 
 def _async_round(accelerator: Any, path: str) -> Dict[str, float]:
@@ -177,7 +255,16 @@ def _run_rounds(contenders: Dict[str, Callable[[str], Dict[str, float]]], base: 
                 samples[name].setdefault(key, []).append(value)
             _log(f"  round {r} {name}: " + ", ".join(f"{k} {v:.3f}s" for k, v in times.items()))
     medians = {n: {k: statistics.median(v) for k, v in s.items()} for n, s in samples.items()}
-    return {"median": medians, "samples": samples, "disk": disk}
+    memory: Dict[str, Dict[str, float]] = {}
+    _Memory.active = True
+    try:
+        for name in names:
+            path = os.path.join(base, f"memory_{name}")
+            memory[name] = {k: v for k, v in contenders[name](path).items() if "peak" in k}
+            _clean(path)
+    finally:
+        _Memory.active = False
+    return {"median": medians, "samples": samples, "disk": disk, "memory": memory}
 
 
 # -- profile of ours, phase by phase ---------------------------------------------------------------
@@ -487,10 +574,36 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
     def run_async(path: str) -> Dict[str, float]:
         return _async_round(ours, path)
 
+    def run_dcp(path: str) -> Dict[str, float]:
+        """torch.distributed.checkpoint, one process: its default FileSystemWriter / Reader
+        (pickled .metadata, shards in torch.save format), the state dicts of
+        torch.distributed.checkpoint.state_dict, as its tutorials do."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        def save() -> None:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
+
+        def load() -> None:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optimizer": optimizer_state}
+            dcp.load(state, checkpoint_id=path)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+        return _round_trip(save, load, mutate, check)
+
+    def live_files() -> Dict[str, List[Any]]:
+        return {"model": [p.detach().numpy() for p in model.parameters()],
+                "optimizer": [t.detach().numpy() for s in optimizer.state.values() for t in s.values()
+                              if torch.is_tensor(t) and t.dim() > 0]}
+
     base = os.path.join(args.dir, "torch")
     os.makedirs(base, exist_ok=True)
-    result = _run_rounds({"ours": run_ours, "accelerate": run_accelerate, "ours_async": run_async}, base, args.repeats) \
-        if args.repeats else {}
+    with warnings.catch_warnings():  # DCP in one process says it assumes one process, every call
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        result = _run_rounds({"ours": run_ours, "accelerate": run_accelerate, "ours_async": run_async,
+                              "dcp": run_dcp, "raw": _raw_limit(live_files)}, base, args.repeats) if args.repeats else {}
     if args.load_rounds:
         _log("  load comparison")
         result["loads"] = _compare_loads(ours, os.path.join(base, "loads"), mutate, check, args.load_rounds,
@@ -603,8 +716,13 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     base = os.path.join(args.dir, "jax")
     os.makedirs(base, exist_ok=True)
+    def live_files() -> Dict[str, List[Any]]:
+        return {name: [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(nnx.state(obj)) if leaf.ndim > 0]
+                for name, obj in (("model", model), ("optimizer", optimizer))}
+
     result = _run_rounds({"ours": run_ours, "orbax": run_orbax, "ours_async": run_async,
-                          "orbax_uncompressed": run_orbax_uncompressed}, base, args.repeats) if args.repeats else {}
+                          "orbax_uncompressed": run_orbax_uncompressed, "raw": _raw_limit(live_files)},
+                         base, args.repeats) if args.repeats else {}
     if args.load_rounds:  # the JAX restore itself did not change: only the reader differs
         _log("  load comparison")
         result["loads"] = _compare_loads(ours, os.path.join(base, "loads"), mutate, check, args.load_rounds, _Patched)
@@ -642,7 +760,33 @@ def _load_table(results: List[Dict[str, Any]], key: str) -> List[str]:
 
 
 NAMES = {"ours": "ours", "accelerate": "Accelerate", "orbax": "Orbax (default: zstd)",
-         "orbax_uncompressed": "Orbax, use_compression=False"}
+         "orbax_uncompressed": "Orbax, use_compression=False", "dcp": "torch DCP (FileSystemWriter)",
+         "raw": "raw write / readinto (the limit)"}
+MB = 1e6
+
+
+def _side_by_side(res: Dict[str, Any]) -> List[str]:
+    """Every synchronous contender of one framework in one table: save and load (median, min-max,
+    median against the raw limit's) and the peak memory of each beyond the live state (the
+    memory round)."""
+    samples, memory = res["samples"], res.get("memory", {})
+    names = [n for n in ("ours", "accelerate", "orbax", "orbax_uncompressed", "dcp", "raw") if n in samples]
+    limit = {op: statistics.median(samples["raw"][op]) for op in ("save_state", "load_state")} if "raw" in samples else {}
+    rows = []
+    for name in names:
+        row = [res["framework"], NAMES[name]]
+        for op in ("save_state", "load_state"):
+            values = samples[name][op]
+            median = statistics.median(values)
+            row += [f"{median:.3f}", f"{min(values):.3f}-{max(values):.3f}",
+                    f"{median / limit[op]:.2f}x" if limit else "-"]
+        for key in (MEMORY_RSS, MEMORY_ANON):
+            row.append(" / ".join(f"{memory.get(name, {}).get(f'{op} {key}', 0) / MB:,.0f}" for op in ("save_state", "load_state")))
+        rows.append(row)
+    header = ["framework", "contender", "save median (s)", "save min-max", "save / limit", "load median (s)",
+              "load min-max", "load / limit", "peak RSS beyond the live state, save / load (MB)",
+              "peak anonymous memory beyond it, save / load (MB)"]
+    return table(header, "llrrrrrrrr", rows).splitlines()
 
 
 def picture(results: List[Dict[str, Any]]) -> None:
@@ -660,7 +804,7 @@ def picture(results: List[Dict[str, Any]]) -> None:
             if op == "save_state" and "async blocking" in samples.get("ours_async", {}):
                 group["ours, save_state(async_save=True): blocking part"] = samples["ours_async"]["async blocking"]
     if any(rounds.values()):
-        plot.draw(plot.image("checkpoint"), "save_state / load_state: ours against Accelerate (torch) and Orbax (JAX)",
+        plot.draw(plot.image("checkpoint"), "save_state / load_state: ours, Accelerate and torch DCP (torch), Orbax (JAX), the raw limit",
                   "seconds", rounds)
     for key, part, what in (("loads", "loads", "repeated in one process"),
                             ("resume", "resume", "each in a fresh process (a resume)")):
@@ -700,13 +844,17 @@ def report(results: List[Dict[str, Any]]) -> str:
         extra.append("| contender | files | bytes on disk (apparent) | allocated | save GB/s (median) | load GB/s (median) "
                      "| save min (s) | load min (s) |")
         extra.append("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for name in ("ours", base_name) + (("orbax_uncompressed",) if fw == "jax" else ()):
+        for name in [n for n in ("ours", base_name, "orbax_uncompressed", "dcp", "raw") if n in res["disk"]]:
             d, s = res["disk"][name], res["samples"][name]
             extra.append(f"| {name} | {d['files']} | {d['apparent']:,} | {d['allocated']:,} | "
                          f"{gb / med[name]['save_state']:.2f} | {gb / med[name]['load_state']:.2f} | "
                          f"{min(s['save_state']):.3f} | {min(s['load_state']):.3f} |")
-        extra.append(f"samples (s): " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in s.items()}
+        extra.append("samples (s): " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in s.items()}
                                                    for n, s in res["samples"].items()}))
+        extra.append(f"\n{fw}: every contender side by side (the limit: the same bytes written with one write per "
+                     f"array, read with readinto into warm memory; peak memory: {PeakMemory.method} for RSS, RssAnon "
+                     "sampled every 2 ms, in one more untimed round after the C heap handed its free memory back)")
+        extra += _side_by_side(res)
     for res in results:
         if res.get("profile"):
             extra.append(f"\n{res['framework']}: profile of ours (phase by phase; minimum of each phase over the profile "

@@ -74,10 +74,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -86,6 +85,7 @@ for _path in (str(ROOT), str(HERE)):
         sys.path.insert(0, _path)
 from checkpoint import _clean, _disk_bytes  # noqa: E402  (benchmarks/ is not a package)
 from launched import report as _report, run_launched  # noqa: E402
+from memory import PeakMemory as PeakRSS  # noqa: E402
 
 GB = 1e9
 PICTURE = ROOT / "docs" / "benchmarks" / "img" / "sharded_checkpoint.png"
@@ -96,52 +96,6 @@ RAW = {"torch": ("dcp", "dcp_safetensors"), "jax": ("orbax",)}
 
 def _log(*args: Any) -> None:
     print(*args, file=sys.stderr, flush=True)
-
-
-# -- peak RSS ---------------------------------------------------------------------------------------
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"/proc/self/status has no {field}")
-
-
-class PeakRSS:
-    """The peak resident memory of this process during a ``with`` block: ``VmHWM`` after a reset
-    through /proc/self/clear_refs, or (where that cannot be written) ``VmRSS`` sampled every 2 ms
-    in a thread. ``before`` / ``peak`` in bytes after the block; ``method`` says which."""
-
-    method = "VmHWM after clear_refs 5"
-
-    def __init__(self) -> None:
-        self.before = self.peak = 0
-        self._stop: Optional[threading.Event] = None
-
-    def __enter__(self) -> "PeakRSS":
-        self.before = _status_bytes("VmRSS")
-        try:
-            with open("/proc/self/clear_refs", "w") as handle:
-                handle.write("5")
-            PeakRSS.method = "VmHWM after clear_refs 5"
-        except OSError:
-            PeakRSS.method = "VmRSS sampled every 2 ms"
-            self.peak, self._stop = self.before, threading.Event()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _status_bytes("VmRSS"))
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._stop is None:
-            self.peak = _status_bytes("VmHWM")
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, _status_bytes("VmRSS"))
 
 
 # -- what every worker does ---------------------------------------------------------------------------
