@@ -714,12 +714,12 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     def run_async(path: str) -> Dict[str, float]:
         return _async_round(ours, path)
 
-    base = os.path.join(args.dir, "jax")
-    os.makedirs(base, exist_ok=True)
     def live_files() -> Dict[str, List[Any]]:
         return {name: [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(nnx.state(obj)) if leaf.ndim > 0]
                 for name, obj in (("model", model), ("optimizer", optimizer))}
 
+    base = os.path.join(args.dir, "jax")
+    os.makedirs(base, exist_ok=True)
     result = _run_rounds({"ours": run_ours, "orbax": run_orbax, "ours_async": run_async,
                           "orbax_uncompressed": run_orbax_uncompressed, "raw": _raw_limit(live_files)},
                          base, args.repeats) if args.repeats else {}
