@@ -40,3 +40,17 @@ def test_the_thread_runs_on_the_core_of_its_caller_and_follows_it():
             assert os.sched_getaffinity(caller._core.thread_id) == {core}
     finally:
         os.sched_setaffinity(0, allowed)
+
+
+def test_callers_on_several_threads_each_get_their_own_answers():
+    caller, answers, threads = _Caller(), {}, []
+
+    def ask(name):
+        answers[name] = [caller.call(lambda i=i: (name, i), 5.0) for i in range(50)]
+
+    for name in "abc":
+        threads.append(threading.Thread(target=ask, args=(name,)))
+        threads[-1].start()
+    for thread in threads:
+        thread.join(30)
+    assert answers == {name: [(name, i) for i in range(50)] for name in "abc"}
