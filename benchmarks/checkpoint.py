@@ -271,7 +271,7 @@ def _run_rounds(contenders: Dict[str, Callable[[str], Dict[str, float]]], base: 
 def _profile(accelerator: Any, directory: str, mutate: Callable[[], None], check: Callable[[], None]) -> Dict[str, float]:
     import xxhash
 
-    from unified.checkpoint import codec, layout, safetensors_io
+    from unified.checkpoint import codec, safetensors_io
     from unified.checkpoint.manifest import read_manifest
 
     manager = accelerator._checkpoints
@@ -617,6 +617,23 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 # -- jax --------------------------------------------------------------------------------------------
+def nnx_stack(hidden: int, layers: int) -> Any:
+    """``layers`` x ``nnx.Linear(hidden, hidden)`` applied in turn, seeded with 0 (the JAX model of
+    this script and of sharded_checkpoint.py)."""
+    from flax import nnx
+
+    class Stack(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.layers = nnx.List([nnx.Linear(hidden, hidden, rngs=rngs) for _ in range(layers)])
+
+        def __call__(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Stack(nnx.Rngs(0))
+
+
 def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     import flax
     import jax
@@ -632,16 +649,7 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     layers = max(1, round(args.size_gb * GB / 3 / 4 / (hidden * hidden + hidden)))
     resuming = bool(args.save_to or args.resume_from)
 
-    class Stack(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs) -> None:
-            self.layers = nnx.List([nnx.Linear(hidden, hidden, rngs=rngs) for _ in range(layers)])
-
-        def __call__(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
-
-    model = Stack(nnx.Rngs(0))
+    model = nnx_stack(hidden, layers)
     optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
     if resuming:  # the JAX restore itself did not change: only the reader differs
         ours = unified.Accelerator(backend="jax")

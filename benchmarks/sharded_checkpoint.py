@@ -83,7 +83,7 @@ ROOT = HERE.parent
 for _path in (str(ROOT), str(HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
-from checkpoint import _clean, _disk_bytes  # noqa: E402  (benchmarks/ is not a package)
+from checkpoint import _clean, _disk_bytes, nnx_stack  # noqa: E402  (benchmarks/ is not a package)
 from launched import report as _report, run_launched  # noqa: E402
 from memory import PeakMemory as PeakRSS  # noqa: E402
 
@@ -456,17 +456,8 @@ def jax_worker(args: argparse.Namespace) -> None:
 
     hidden, layers = args.hidden, _layers(args)
 
-    class Stack(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs) -> None:
-            self.layers = nnx.List([nnx.Linear(hidden, hidden, rngs=rngs) for _ in range(layers)])
-
-        def __call__(self, x):
-            for layer in self.layers:
-                x = layer(x)
-            return x
-
     acc = unified.Accelerator(fsdp_plugin=unified.FullyShardedDataParallelPlugin())
-    model = Stack(nnx.Rngs(0))
+    model = nnx_stack(hidden, layers)
     optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
     model, optimizer = acc.prepare(model, optimizer)
     group = Group(acc)
