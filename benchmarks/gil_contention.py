@@ -31,6 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plot  # noqa: E402  (benchmarks/ is not a package)
 from mdtable import spread, table  # noqa: E402
+from prefetch import mlp  # noqa: E402
 
 
 def main() -> None:
@@ -52,15 +53,7 @@ def main() -> None:
 
     dim, size, count = args.dim, args.batch, args.batches
 
-    class MLP(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs) -> None:
-            self.a = nnx.Linear(dim, dim, rngs=rngs)
-            self.b = nnx.Linear(dim, 1, rngs=rngs)
-
-        def __call__(self, x):
-            return self.b(jax.nn.relu(self.a(x)))
-
-    model = MLP(nnx.Rngs(0))
+    model = mlp(dim)
     optimizer = nnx.Optimizer(model, optax.sgd(1e-4), wrt=nnx.Param)
 
     @nnx.jit

@@ -22,6 +22,7 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,23 @@ class Vectors:
         return {"x": self.x[i], "y": self.y[i]}
 
 
+def mlp(dim: int) -> Any:
+    """The small NNX model these benchmarks train: ``Linear(dim, dim)``, ReLU, ``Linear(dim, 1)``,
+    seeded with 0 (also gil_contention.py's)."""
+    import jax
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.a = nnx.Linear(dim, dim, rngs=rngs)
+            self.b = nnx.Linear(dim, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.b(jax.nn.relu(self.a(x)))
+
+    return MLP(nnx.Rngs(0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
@@ -64,15 +82,7 @@ def main() -> None:
 
     acc = unified.Accelerator(backend="jax", seed=0)
 
-    class MLP(nnx.Module):
-        def __init__(self, dim: int, rngs: nnx.Rngs) -> None:
-            self.a = nnx.Linear(dim, dim, rngs=rngs)
-            self.b = nnx.Linear(dim, 1, rngs=rngs)
-
-        def __call__(self, x):
-            return self.b(jax.nn.relu(self.a(x)))
-
-    model = MLP(args.dim, nnx.Rngs(0))
+    model = mlp(args.dim)
     model, optimizer = acc.prepare(model, nnx.Optimizer(model, optax.sgd(1e-4), wrt=nnx.Param))
 
     @nnx.jit
