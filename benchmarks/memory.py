@@ -34,6 +34,9 @@ class PeakMemory:
       allocated, apart from the file pages it mapped, which the kernel can drop at any time),
       sampled every 2 ms in a thread (the kernel keeps no peak of it) and once more at the end.
 
+    ``anonymous=False`` leaves ``anon_*`` at 0 and starts no sampling thread when ``VmHWM``
+    serves (a timed call then runs with nothing beside it).
+
     ``trim=True`` first hands the C heap's free memory back to the kernel (glibc ``malloc_trim``),
     so that memory an earlier call freed, which the heap keeps resident, is not counted in
     ``before`` and then reused unseen: ``peak - before`` is then what this block needed. (The
@@ -42,8 +45,8 @@ class PeakMemory:
 
     method = "VmHWM after clear_refs 5"
 
-    def __init__(self, trim: bool = False) -> None:
-        self.trim = trim
+    def __init__(self, trim: bool = False, anonymous: bool = True) -> None:
+        self.trim, self.anonymous = trim, anonymous
         self.before = self.peak = self.anon_before = self.anon_peak = 0
         self._exact = True
         self._stop = threading.Event()
@@ -53,7 +56,8 @@ class PeakMemory:
         if self.trim:
             _malloc_trim()
         self.before = status_bytes("VmRSS")
-        self.anon_before = self.anon_peak = status_bytes("RssAnon")
+        if self.anonymous:
+            self.anon_before = self.anon_peak = status_bytes("RssAnon")
         try:
             with open("/proc/self/clear_refs", "w") as handle:
                 handle.write("5")
@@ -62,8 +66,9 @@ class PeakMemory:
             PeakMemory.method = "VmRSS sampled every 2 ms"
             self._exact = False
         self.peak = self.before
-        self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
-        self._thread.start()
+        if self.anonymous or not self._exact:
+            self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
+            self._thread.start()
         return self
 
     def _sample(self) -> None:
@@ -71,7 +76,8 @@ class PeakMemory:
             self._take()
 
     def _take(self) -> None:
-        self.anon_peak = max(self.anon_peak, status_bytes("RssAnon"))
+        if self.anonymous:
+            self.anon_peak = max(self.anon_peak, status_bytes("RssAnon"))
         if not self._exact:
             self.peak = max(self.peak, status_bytes("VmRSS"))
 

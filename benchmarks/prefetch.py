@@ -22,8 +22,8 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
