@@ -447,16 +447,19 @@ class Accelerator:
         self._prepared.append((kind, prepared))
         backend = self._backend
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
-                    lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model")
+                    lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model",
+                    check=lambda state, _saved_processes: backend.check_loadable(kind, prepared, state),
+                    absent_group=lambda name: backend.absent_group(kind, name))
         return prepared
 
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
                managed: bool = True, strict: bool = False,
-               check: Optional[Callable[[Any, int], None]] = None) -> None:
+               check: Optional[Callable[[Any, int], None]] = None,
+               absent_group: Callable[[str], Optional[str]] = lambda name: None) -> None:
         index = self._counts.get(kind, 0)
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
-        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check))
+        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check, absent_group))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and
@@ -803,7 +806,6 @@ class Accelerator:
             return
         self._finish_pending()
         self._trackers.finish()
-        self._checkpoints.wait_until_durable()  # the last checkpoint is on disk, retention applied
         self._checkpoints.release_folder()
         self._collectives.barrier("end_training")
         if self._watchdog is not None:

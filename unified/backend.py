@@ -195,6 +195,16 @@ class TrainingObjects(abc.ABC):
         """The user's model without the backend's wrappers."""
         return model
 
+    def absent_group(self, kind: str, name: str) -> Optional[str]:
+        """The group of arrays that array ``name`` of a ``kind`` object's state belongs to when a
+        checkpoint may lack that group as a whole (a torch optimizer's state of one parameter,
+        saved before its first step), else ``None``: the checkpoint must hold the array."""
+        return None
+
+    def check_loadable(self, kind: str, obj: Any, state: Any) -> None:
+        """Raise `ValueError` when ``obj`` cannot take ``state`` (decoded from a checkpoint);
+        called for every object before any is restored, so a refusal changes nothing."""
+
 
 class Autograd(abc.ABC):
     """Gradients computed by calling ``backward`` on a loss (``accelerator.backward``)."""

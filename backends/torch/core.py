@@ -454,6 +454,30 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
                 return state
         return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
 
+    def absent_group(self, kind: str, name: str) -> Optional[str]:
+        """An optimizer's ``state/<parameter>``: torch's ``Optimizer.load_state_dict`` (and
+        Accelerate) take a checkpoint saved before the first step, which has no state for a
+        parameter, and leave the optimizer without it."""
+        parts = name.split("/")
+        return "/".join(parts[:2]) if kind == "optimizer" and len(parts) > 2 and parts[0] == "state" else None
+
+    def check_loadable(self, kind: str, obj: Any, state: Any) -> None:
+        """An optimizer's parameter groups must hold as many parameters as this run's, as
+        ``Optimizer.load_state_dict`` requires: checked before anything is restored."""
+        if kind != "optimizer" or not isinstance(state, dict):
+            return
+        saved, live = state.get("param_groups"), self.state_of(kind, obj).get("param_groups")
+        if not (isinstance(saved, list) and isinstance(live, list)):
+            return  # sharded optimizer state: the sharded reader places it by name
+        if len(saved) != len(live):
+            raise ValueError(f"the checkpoint's optimizer has {len(saved)} parameter group(s); this run's has "
+                             f"{len(live)}: it is an optimizer over other parameters")
+        for index, (a, b) in enumerate(zip(saved, live)):
+            if isinstance(a, dict) and isinstance(b, dict) and len(a.get("params", ())) != len(b.get("params", ())):
+                raise ValueError(f"parameter group {index} holds {len(a.get('params', ()))} parameters in the "
+                                 f"checkpoint; this run's optimizer has {len(b.get('params', ()))} there: it is an "
+                                 "optimizer over other parameters")
+
     def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
         """``state`` holds NumPy views of private memory that holds nothing else (see
         `safetensors_io.read`): a model's ``load_state_dict`` copies them into its parameters;

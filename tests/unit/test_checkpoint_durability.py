@@ -1,39 +1,57 @@
-"""Durability before retention (issue 11, finding 10): older checkpoints are deleted only after every
-file and folder of the new one was fsynced, so a power loss cannot leave only a torn newest one."""
+"""A synchronous save_state() returns with its checkpoint durable and retention applied (issue 24,
+regression 1; contract part 3): every file and folder of the new checkpoint is fsynced before
+the commit's rename, and older checkpoints beyond total_limit are gone when the call returns,
+as Accelerate's are. A sync that fails commits nothing and deletes nothing."""
 from __future__ import annotations
 
 import os
-import threading
 
-from unified import ProjectConfiguration
+import pytest
+
+from unified import CheckpointError, ProjectConfiguration
 from unified.checkpoint import layout
 
 from .memory_backend import MemoryGroup
 
 
-def test_retention_waits_until_the_new_checkpoint_is_synced(tmp_path, monkeypatch):
-    synced, release = [], threading.Event()
-    real_fsync_tree = layout.fsync_tree
+def _accelerator(tmp_path, total_limit):
+    config = ProjectConfiguration(str(tmp_path / "run"), automatic_checkpoint_naming=True, total_limit=total_limit)
+    return MemoryGroup(1).accelerator(0, project_config=config)
 
-    def slow_fsync_tree(directory):
-        release.wait(30)
-        real_fsync_tree(directory)
-        synced.append(os.path.basename(directory))
 
-    monkeypatch.setattr(layout, "fsync_tree", slow_fsync_tree)
-    release.set()
-    config = ProjectConfiguration(str(tmp_path / "run"), automatic_checkpoint_naming=True, total_limit=1)
-    acc = MemoryGroup(1).accelerator(0, project_config=config)
+def test_retention_is_applied_when_save_state_returns(tmp_path):
+    acc = _accelerator(tmp_path, total_limit=2)
+    for _ in range(3):
+        acc.save_state()
+    # no end_training, no wait: the call itself applied the limit
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
+
+
+def test_the_checkpoint_is_synced_before_its_commit(tmp_path, monkeypatch):
+    acc = _accelerator(tmp_path, total_limit=1)
+    events = []
+    real_fsync_tree, real_commit = layout.fsync_tree, layout.commit
+    monkeypatch.setattr(layout, "fsync_tree", lambda d: (events.append(("sync", os.path.basename(d))), real_fsync_tree(d)))
+    monkeypatch.setattr(layout, "commit", lambda tmp, final, token: (events.append(("commit", os.path.basename(final))),
+                                                                     real_commit(tmp, final, token)))
     acc.save_state()
-    acc._checkpoints.wait_until_durable()
-    release.clear()  # the next sync is slow: checkpoint_1 is committed but not yet on disk
     acc.save_state()
-    folder = tmp_path / "run" / "checkpoints"
-    assert sorted(os.listdir(folder)) == ["checkpoint_0", "checkpoint_1"]  # the durable one stays
-    release.set()
-    acc.end_training()  # waits for the sync, then retention
-    assert sorted(os.listdir(folder)) == ["checkpoint_1"]
-    assert synced == ["checkpoint_0", "checkpoint_1"]
+    assert [kind for kind, _ in events] == ["sync", "commit", "sync", "commit"]
+    assert events[0][1].startswith(".checkpoint_0.tmp-") and events[1][1] == "checkpoint_0"
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint_1"]
+
+
+def test_a_failed_sync_commits_nothing_and_keeps_the_older_checkpoints(tmp_path, monkeypatch):
+    acc = _accelerator(tmp_path, total_limit=1)
+    acc.save_state()
+
+    def broken(directory):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(layout, "fsync_tree", broken)
+    with pytest.raises(CheckpointError, match="checkpoint_1"):
+        acc.save_state()
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["checkpoint_0"]  # no temporary left either
 
 
 def test_fsync_tree_flushes_every_file_and_folder(tmp_path, monkeypatch):

@@ -40,10 +40,19 @@ def test_a_second_live_run_is_refused_and_nothing_is_written(tmp_path, other_run
     acc = _accelerator(tmp_path / "project")
     with pytest.raises(CheckpointError, match=rf"another live run saves checkpoints here .*\"pid\": {other_run.pid}"):
         acc.save_state()
-    assert sorted(os.listdir(tmp_path / "project")) == [lock.LOCK_NAME]  # no checkpoint, no temporary
+    assert os.listdir(tmp_path / "project") == []  # no checkpoint, no temporary, no lock file
     other_run.kill()
     other_run.wait()  # the kernel drops a dead process's lock: no stale lock after a crash
     assert os.path.basename(acc.save_state()) == "checkpoint_0"
+
+
+def test_the_lock_adds_nothing_to_the_project_folder(tmp_path):
+    """Accelerate's own tests count the project folder's entries (issue 24, regression 2)."""
+    acc = _accelerator(tmp_path / "project")
+    acc.save_state()
+    assert os.listdir(tmp_path / "project") == ["checkpoints"]
+    acc.end_training()
+    assert os.listdir(tmp_path / "project") == ["checkpoints"]
 
 
 def test_accelerators_of_one_process_share_the_folder_and_end_training_releases_it(tmp_path):

@@ -57,6 +57,10 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("unified/data.py", "cannot resume after {seen}"):
         "resume_position error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
+    ("backends/torch/core.py", "parameter group(s); this run's has"):
+        "check_loadable error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
+    ("backends/torch/core.py", "parameter group {index} holds"):
+        "check_loadable error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/jax/core.py", "expected keys"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("backends/jax/core.py", "the checkpoint has {host.dtype}"):

@@ -2,10 +2,12 @@
 
 Two runs that share a ``project_dir`` with automatic naming would both pick ``checkpoint_N``,
 delete each other's temporary directories and replace each other's checkpoints. The main
-process of a run therefore holds an advisory ``flock`` on ``<project_dir>/.unified.lock`` from its
-first save until ``end_training`` (or its exit: the kernel drops the lock with the process, so
-a crashed run never leaves the folder locked). The file names the holder, for the error that
-the second run gets. Accelerators of one process share the lock: they are the same run.
+process of a run therefore holds an advisory ``flock`` on the ``project_dir`` directory itself
+from its first save until ``end_training`` (or its exit: the kernel drops the lock with the
+process, so a crashed run never leaves the folder locked). Nothing is added to the folder's
+listing, which Accelerate scripts count: the holder's note, for the error that the second run
+gets, is an extended attribute of the folder (``user.unified.holder``) where the file system
+keeps them. Accelerators of one process share the lock: they are the same run.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Dict, Tuple
 
 from ..errors import CheckpointError, see
 
-LOCK_NAME = ".unified.lock"
+HOLDER_ATTRIBUTE = "user.unified.holder"
 
 _HELD: Dict[str, Tuple[int, int]] = {}  # real folder path -> (file descriptor, holders in this process)
 _GUARD = threading.Lock()
@@ -35,24 +37,32 @@ def acquire(folder: str) -> str:
             fd, count = _HELD[key]
             _HELD[key] = (fd, count + 1)
             return key
-        path = os.path.join(key, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "an unknown process"
             os.close(fd)
             raise CheckpointError(
-                f"{folder}: another live run saves checkpoints here ({holder}); two runs sharing a folder would "
+                f"{folder}: another live run saves checkpoints here ({_holder(key)}); two runs sharing a folder would "
                 "overwrite each other's checkpoints. Give each run its own project_dir, or stop the other run."
                 + see("folder-in-use")
             ) from None
         note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                            "since": datetime.datetime.now().isoformat(timespec="seconds")})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, note.encode(), 0)
+        try:
+            os.setxattr(key, HOLDER_ATTRIBUTE, note.encode())
+        except OSError:  # no extended attributes here: the second run's error names no holder
+            pass
         _HELD[key] = (fd, 1)
         return key
+
+
+def _holder(folder: str) -> str:
+    """Who holds ``folder``, as the holder noted it (see `acquire`)."""
+    try:
+        return os.getxattr(folder, HOLDER_ATTRIBUTE).decode("utf-8", "replace").strip() or "an unknown process"
+    except OSError:
+        return "a process that left no note: this file system keeps no extended attributes"
 
 
 def release(key: str) -> None:
@@ -65,5 +75,9 @@ def release(key: str) -> None:
             _HELD[key] = (fd, count - 1)
             return
         del _HELD[key]
+        try:
+            os.removexattr(key, HOLDER_ATTRIBUTE)
+        except OSError:
+            pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

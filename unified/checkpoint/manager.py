@@ -12,7 +12,6 @@ import os
 import random
 import shutil
 import stat
-import threading
 import time
 import uuid
 import zlib
@@ -116,6 +115,9 @@ class Entry:
     # object is restored; raises ValueError when this run cannot resume it (a data position that
     # another process count cannot continue exactly, an open accumulation window).
     check: Optional[Callable[[Any, int], None]] = None
+    # For an array of this object's state (its name without the object's prefix): the group it
+    # belongs to when a checkpoint may lack the group whole (see `TrainingObjects.absent_group`).
+    absent_group: Callable[[str], Optional[str]] = lambda name: None
 
 
 @dataclass
@@ -227,7 +229,6 @@ class CheckpointManager:
         # arrays split across processes, where the backend has them: sharded.<format>/ in a checkpoint
         self.sharding: Optional[ShardedArrays] = backend if isinstance(backend, ShardedArrays) else None
         self.sharded_dir = f"sharded.{self.sharding.sharded_format}" if self.sharding else None
-        self._durability: Optional[threading.Thread] = None  # main process: fsync, then retention
         self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
         self._held_folder: Optional[str] = None
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
@@ -559,12 +560,14 @@ class CheckpointManager:
         return report
 
     def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], iteration: int) -> None:
-        """Main process: write the manifest last, rename into place, apply retention. Nothing of
-        a save that failed (here or on any process) stays behind."""
+        """Main process: write the manifest last, make every file and folder durable, rename
+        into place, then apply retention; when it returns the checkpoint survives a power loss
+        and older ones beyond ``total_limit`` are gone (as Accelerate's are when its save
+        returns). Nothing of a save that failed (here or on any process) stays behind, and a
+        failed save deletes no older checkpoint."""
         if any("error" in r for r in reports):
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        self.wait_until_durable()  # the previous save's retention comes first
         try:
             self._write_manifest_and_rename(final, tmp, token, reports, iteration)
         except OSError:
@@ -572,29 +575,8 @@ class CheckpointManager:
             raise
         parent = os.path.dirname(os.path.abspath(final))
         layout.remove_stale_temporaries(parent)
-        # Older checkpoints are deleted only once this one is on disk (every file and folder
-        # fsynced), in the background: a power loss never leaves only a torn newest checkpoint.
-        self._durability = threading.Thread(target=self._make_durable_then_retain, args=(final, parent),
-                                            name="unified-checkpoint-durability", daemon=True)
-        self._durability.start()
-
-    def _make_durable_then_retain(self, final: str, parent: str) -> None:
-        try:
-            layout.fsync_tree(final)
-        except FileNotFoundError:  # deleted meanwhile (by the user): nothing to make durable
-            return
-        except OSError as err:  # the checkpoint may not survive a power loss: keep the older ones
-            warnings.warn(f"{final}: could not be synced to disk ({err}); older checkpoints are kept."
-                          + see("fsync-failed"), stacklevel=1)
-            return
         if self.config.automatic_checkpoint_naming:
             layout.apply_retention(parent, self.config.total_limit, keep=final)
-
-    def wait_until_durable(self) -> None:
-        """Main process: wait until the last committed checkpoint is synced and retention applied."""
-        if self._durability is not None:
-            self._durability.join()
-            self._durability = None
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
                                    iteration: int) -> None:
@@ -612,6 +594,7 @@ class CheckpointManager:
             "files": files,
             "structures": structures,
         })
+        layout.fsync_tree(tmp)  # contents before the name: a power loss never leaves a torn checkpoint
         layout.commit(tmp, final, token)
 
     # -- load ----------------------------------------------------------------------------------------
@@ -904,10 +887,15 @@ class CheckpointManager:
         if not entry.managed:
             return
         live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+        prefix = len(entry.name) + 1
+        saved_groups = {entry.absent_group(name[prefix:]) for name in saved}
         for name, value in live.items():
             if name in sharded:
                 continue
             if name not in saved:
+                group = entry.absent_group(name[prefix:])
+                if group is not None and group not in saved_groups:
+                    continue  # saved without this group (an optimizer before its first step)
                 raise CheckpointError(f"{where}: has no tensor {name!r}, which this run's {entry.name} has; the "
                                       "checkpoint does not match this model." + see("tensor-mismatch"))
             if isinstance(value, np.ndarray):
