@@ -11,7 +11,7 @@ Example:
 from .accelerator import Accelerator
 from .backend import Backend
 from .registry import available_backends
-from .config import DistributedType, ProjectConfiguration
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
 from .sharding import FullyShardedDataParallelPlugin
 from .logging import get_logger, tqdm
@@ -29,6 +29,7 @@ __all__ = [
     "BarrierTimeout",
     "CheckpointError",
     "DataLoader",
+    "DataLoaderConfiguration",
     "DistributedError",
     "DistributedType",
     "FullyShardedDataParallelPlugin",

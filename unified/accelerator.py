@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
@@ -10,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
-from .config import DistributedType, ProjectConfiguration
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
@@ -21,6 +20,7 @@ from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
+from .surface import PREPARED_KINDS, AccelerateSurface, only_if
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .tracking import TrackerSet
 from .watchdog import Watchdog
@@ -31,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_TIMEOUT = 1800.0
 
 
-class Accelerator:
+class Accelerator(AccelerateSurface):
     """One API for distributed training on PyTorch and on JAX.
 
     Args:
@@ -53,6 +53,10 @@ class Accelerator:
             see `init_trackers`.
         fsdp_plugin: a `unified.FullyShardedDataParallelPlugin`: ``prepare`` shards models and
             optimizer state over every process instead of replicating them (docs/sharding.md).
+        step_scheduler_with_optimizer: as in Accelerate: True steps a prepared LR scheduler only
+            when the optimizer stepped (``num_processes`` times); False once per ``step()``.
+        dataloader_config: Accelerate's `unified.utils.DataLoaderConfiguration` (what unified's
+            loaders do, and the values it refuses).
         handle_preemption: SIGTERM or SIGUSR1 to any process (what schedulers send before they
             stop a job) makes the next `check_trigger` return True on every process and sets
             `preempted`, instead of ending the process; see `exit_if_preempted`. Default:
@@ -77,9 +81,14 @@ class Accelerator:
         log_with: Any = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
         handle_preemption: Optional[bool] = None,
+        dataloader_config: Optional[DataLoaderConfiguration] = None,
+        step_scheduler_with_optimizer: bool = True,
         **accelerate_kwargs: Any,
     ) -> None:
         _reject_unknown(accelerate_kwargs)
+        self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+        self.dataloader_config.check()
+        self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
         self.handle_preemption: bool = resolve_handle_preemption(handle_preemption)
         self.mixed_precision: str = resolve_mixed_precision(mixed_precision)
         self.gradient_state = GradientState(num_steps=resolve_accumulation_steps(gradient_accumulation_steps))
@@ -123,13 +132,20 @@ class Accelerator:
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
         self._prepared: List[Tuple[str, Any]] = []
+        self._loaders: List[Any] = []
         self._metrics = Metrics(self._collectives)
         if self._loop is not None:
-            self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes))
-            if self.gradient_accumulation_steps > 1 or self.mixed_precision == "fp16":
-                # the position inside the window, its gradients so far and the loss scale
-                self._checkpoints.add(Entry("training_loop", self._loop_state, self._load_loop_state, managed=False,
-                                            check=self._check_loop_state))
+            self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes,
+                                                   self.step_scheduler_with_optimizer))
+            self._checkpoint_loop_state()
+
+    def _checkpoint_loop_state(self) -> None:
+        """Save the loop's state (once) where there is one to save: the position inside an
+        accumulation window, its gradients so far and the fp16 loss scale."""
+        wanted = self._loop is not None and (self.gradient_accumulation_steps > 1 or self.mixed_precision == "fp16")
+        if wanted and not any(e.name == "training_loop" for e in self._checkpoints.entries):
+            self._checkpoints.add(Entry("training_loop", self._loop_state, self._load_loop_state, managed=False,
+                                        check=self._check_loop_state))
 
     def _loop_state(self) -> Dict[str, Any]:
         return {"gradient_state": self.gradient_state.state_dict(), "backend": self._loop.loop_state()}
@@ -336,7 +352,7 @@ class Accelerator:
             ... def log(msg):
             ...     print(msg)
         """
-        return _only_if(lambda: self.is_main_process, function)
+        return only_if(lambda: self.is_main_process, function)
 
     def on_local_main_process(self, function: F) -> F:
         """Decorator: run ``function`` on the first process of each machine only.
@@ -346,7 +362,7 @@ class Accelerator:
             ... def clean_tmp():
             ...     ...
         """
-        return _only_if(lambda: self.is_local_main_process, function)
+        return only_if(lambda: self.is_local_main_process, function)
 
     # -- collectives on arrays ----------------------------------------------------------------
     def gather(self, tree: Any) -> Any:
@@ -415,26 +431,32 @@ class Accelerator:
         return self._collectives.all_gather_json(value)
 
     # -- preparing and checkpointing ------------------------------------------------------------
-    def prepare(self, *objects: Any) -> Any:
+    def prepare(self, *objects: Any, device_placement: Any = None) -> Any:
         """Make models, optimizers, schedulers, scalers and data loaders ready for this backend.
 
         Returns the objects in the same order (one object when one was given). Prepared objects
-        are saved and restored by `save_state` / `load_state` without further calls.
+        are saved and restored by `save_state` / `load_state` without further calls. ``None``
+        comes back as ``None``; an object prepared already comes back as it is.
 
         Example:
             >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         """
-        prepared = [self._prepare_one(i, obj) for i, obj in enumerate(objects)]
+        _check_device_placement(device_placement)
+        prepared = [None if obj is None else self._prepare_one(i, obj) for i, obj in enumerate(objects)]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _prepare_one(self, position: int, obj: Any) -> Any:
-        loader = prepare_loader(obj, self._backend, self.seed)
+        if any(obj is mine for mine in self._loaders) or any(obj is mine for _, mine in self._prepared):
+            return obj  # prepared already: the same object, tracked once
+        seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
+        loader = prepare_loader(obj, self._backend, seed)
         if loader is not None:
             loader.on_batch = self.gradient_state.saw_batch  # the end of a loader closes a window
             self._metrics.watch(loader)
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict,
                         check=lambda state, _saved_processes: loader.check_state_dict(state))
-            return loader
+            self._loaders.append(loader)
+            return _marked_prepared(loader)
         result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None
         if result is None:
             raise TypeError(
@@ -444,13 +466,22 @@ class Accelerator:
                 + see("cannot-prepare")
             )
         kind, prepared = result
-        self._prepared.append((kind, prepared))
+        self._prepared.append((kind, _marked_prepared(prepared)))
         backend = self._backend
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
                     lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model",
                     check=lambda state, _saved_processes: backend.check_loadable(kind, prepared, state),
                     absent_group=lambda name: backend.absent_group(kind, name))
         return prepared
+
+    def _forget_prepared(self) -> None:
+        """`free_memory`: what `prepare` tracked is no longer saved or guarded."""
+        self._checkpoints.entries = [e for e in self._checkpoints.entries
+                                     if e.name != "scaler" and e.name.rsplit("_", 1)[0] not in PREPARED_KINDS]
+        for kind in PREPARED_KINDS:
+            self._counts.pop(kind, None)
+        self._prepared.clear()
+        self._loaders.clear()
 
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
                managed: bool = True, strict: bool = False,
@@ -585,8 +616,10 @@ class Accelerator:
         """
         return skip_first_batches(dataloader, num_batches)
 
-    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True) -> Any:
-        """The user's model without distributed wrappers (DDP, torch.compile).
+    def unwrap_model(self, model: Any, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> Any:
+        """The user's model without distributed wrappers (DDP, ``nn.DataParallel``). As in
+        Accelerate, a ``torch.compile``d model stays compiled (around the unwrapped module)
+        unless ``keep_torch_compile=False``.
 
         Example:
             >>> accelerator.unwrap_model(model).state_dict()
@@ -594,10 +627,10 @@ class Accelerator:
         """
         if not isinstance(self._backend, TrainingObjects):
             return model
-        model = self._backend.unwrap_model(model)
+        unwrapped = self._backend.unwrap_model(model, keep_compiled=keep_torch_compile)
         if not keep_fp32_wrapper and self._loop is not None:
-            model = self._loop.strip_autocast(model)
-        return model
+            self._loop.strip_autocast(self._backend.unwrap_model(unwrapped))  # the module's own forward
+        return unwrapped
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         """``loss.backward()`` (torch). JAX computes gradients inside the jitted step instead.
@@ -626,7 +659,7 @@ class Accelerator:
         if self.fsdp_plugin is None or self.num_processes == 1:
             if self.is_main_process:
                 os.makedirs(save_directory, exist_ok=True)
-                save_arrays(path, self._backend, state)
+                save_arrays(path, self._backend, state, metadata=self._backend.weights_metadata)
             return path
         sharded = require(self._backend, ShardedTraining, "save_model() of a sharded model")
         failure: Optional[BaseException] = None
@@ -650,8 +683,21 @@ class Accelerator:
     # -- the training loop ----------------------------------------------------------------------
     @property
     def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step (``Accelerator(gradient_accumulation_steps=...)``)."""
+        """Micro-batches per optimizer step (``Accelerator(gradient_accumulation_steps=...)``);
+        settable, as in Accelerate (``accelerator.gradient_accumulation_steps = 4``).
+
+        Example:
+            >>> accelerator.gradient_accumulation_steps = 4
+        """
         return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        steps = resolve_accumulation_steps(value)
+        if steps > 1 and self._loop is None:
+            require(self._backend, TrainingLoop, f"accelerator.gradient_accumulation_steps = {steps}")
+        self.gradient_state.num_steps = steps
+        self._checkpoint_loop_state()
 
     @property
     def sync_gradients(self) -> bool:
@@ -665,6 +711,10 @@ class Accelerator:
             ...         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         """
         return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = bool(value)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -823,6 +873,26 @@ class Accelerator:
         )
 
 
+def _check_device_placement(device_placement: Any) -> None:
+    """Accelerate's ``device_placement=`` of ``prepare*``: only what unified always does (every
+    object on ``accelerator.device``) is accepted."""
+    values = device_placement if isinstance(device_placement, (list, tuple)) else [device_placement]
+    if any(value not in (None, True) for value in values):
+        raise NotImplementedError(f"prepare(device_placement={device_placement!r}) is not supported: unified always "
+                                  "places prepared objects and batches on accelerator.device. Remove the argument."
+                                  + see("not-supported-yet"))
+
+
+def _marked_prepared(obj: Any) -> Any:
+    """Accelerate's mark on what `prepare` returned (``obj._is_accelerate_prepared``), where the
+    object takes attributes."""
+    try:
+        obj._is_accelerate_prepared = True
+    except (AttributeError, TypeError):
+        pass
+    return obj
+
+
 def _sharding_backend(backend: Backend, plugin: Optional[FullyShardedDataParallelPlugin]
                       ) -> Optional[FullyShardedDataParallelPlugin]:
     """Hand ``plugin`` to the backend before anything is prepared; a clear error for a backend
@@ -860,16 +930,6 @@ def _pretty_name(obj: Any) -> str:
     return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
 
 
-def _only_if(condition: Callable[[], bool], function: F) -> F:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if condition():
-            return function(*args, **kwargs)
-        return None
-
-    return wrapper  # type: ignore[return-value]
-
-
 # Accelerate keywords accepted so that scripts run unchanged, with the values that mean
 # "nothing special"; any other value is refused rather than silently ignored.
 _NEUTRAL_ACCELERATE_KWARGS = {
@@ -878,7 +938,6 @@ _NEUTRAL_ACCELERATE_KWARGS = {
     "dispatch_batches": (None, False),
     "even_batches": (True,),
     "device_placement": (True,),
-    "step_scheduler_with_optimizer": (True,),
     "kwargs_handlers": (None, []),
     "rng_types": (None,),
 }

@@ -65,6 +65,9 @@ class Backend(abc.ABC):
     uneven_batches: bool = True
 
     # -- identity (set by `start`) ---------------------------------------------------------
+    # The group's communication library as Accelerate's ``state.backend`` names it ("gloo",
+    # "nccl"); None with one process.
+    communication_backend: Optional[str] = None
     process_index: int = 0
     local_process_index: int = 0
     num_processes: int = 1
@@ -75,6 +78,19 @@ class Backend(abc.ABC):
 
         check_backend_class(cls)  # our message, naming every missing method, before ABC's
         return super().__new__(cls)
+
+    # The ``__metadata__`` of weight files that `save_model` and `save` write, as the
+    # framework's own loaders expect it (torch: ``{"format": "pt"}``, which transformers checks).
+    weights_metadata: Mapping[str, str] = {}
+
+    def save_object(self, obj: Any, path: str) -> None:
+        """``accelerator.save(obj, path)`` without ``safe_serialization``: the framework's own
+        file format (torch: ``torch.save``). Without one, a clear error."""
+        raise TypeError(f"the {self.name!r} backend has no file format of its own for accelerator.save(); pass "
+                        "safe_serialization=True to write a dict of arrays as safetensors." + see("save-object"))
+
+    def release_device_memory(self) -> None:
+        """Hand the device's cached, unused memory back (``free_memory``); nothing by default."""
 
     @property
     def distributed_type(self) -> str:
@@ -191,8 +207,9 @@ class TrainingObjects(abc.ABC):
     def load_state_into(self, kind: str, obj: Any, state: Any) -> None:
         """Restore ``state`` (a tree whose arrays are read-only NumPy views) into ``obj`` in place."""
 
-    def unwrap_model(self, model: Any) -> Any:
-        """The user's model without the backend's wrappers."""
+    def unwrap_model(self, model: Any, keep_compiled: bool = False) -> Any:
+        """The user's model without the backend's wrappers; ``keep_compiled``: a compiled
+        model stays compiled, around the unwrapped module (Accelerate's ``keep_torch_compile``)."""
         return model
 
     def absent_group(self, kind: str, name: str) -> Optional[str]:

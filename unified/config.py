@@ -8,7 +8,7 @@ from typing import Optional
 
 from .errors import see
 
-__all__ = ["ProjectConfiguration", "DistributedType"]
+__all__ = ["ProjectConfiguration", "DistributedType", "DataLoaderConfiguration"]
 
 
 class DistributedType(str, enum.Enum):
@@ -26,6 +26,19 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     JAX = "JAX"
+    # Accelerate 1.15's other members, so that scripts comparing against them run; no unified
+    # backend reports them today (FSDP on CPU is MULTI_CPU there too).
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
     def __str__(self) -> str:
         return self.value
@@ -80,3 +93,48 @@ class ProjectConfiguration:
         self.project_dir = os.fspath(project_dir) if project_dir is not None else None
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+
+
+@dataclasses.dataclass
+class DataLoaderConfiguration:
+    """How `prepare` treats data loaders: Accelerate's fields and defaults.
+
+    unified's prepared loaders always give each process its own ``batch_size`` per step (Accelerate's
+    ``split_batches=False``), read on every process (no dispatching), fill the last global batch
+    up (``even_batches=True``, the repeats dropped by `gather_for_metrics`), shuffle by seed and
+    epoch (``use_seedable_sampler``: always, so both values are accepted) and resume from
+    their state (``use_stateful_dataloader``: always). ``data_seed`` seeds the loaders' shuffling
+    instead of ``Accelerator(seed=...)``. ``non_blocking`` is accepted (batches are copied to
+    the device without blocking anyway). Values unified does not implement are refused with a
+    clear error when the Accelerator is made.
+
+    Example:
+        >>> config = DataLoaderConfiguration(use_seedable_sampler=True, data_seed=1234)
+        >>> accelerator = Accelerator(dataloader_config=config)   # doctest: +SKIP
+    """
+
+    split_batches: bool = False
+    dispatch_batches: Optional[bool] = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: Optional[int] = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+    # field -> (accepted values, what to do instead)
+    _UNSUPPORTED = {
+        "split_batches": ((False,), "pass the per-process batch size (batch_size // num_processes) to your DataLoader"),
+        "dispatch_batches": ((None, False), "let every process read its own share (the default)"),
+        "even_batches": ((True,), "keep even_batches=True; gather_for_metrics drops the repeated samples"),
+    }
+
+    def check(self) -> None:
+        """Raise `NotImplementedError` naming a value unified does not implement."""
+        for name, (accepted, instead) in self._UNSUPPORTED.items():
+            value = getattr(self, name)
+            if value not in accepted:
+                raise NotImplementedError(f"DataLoaderConfiguration({name}={value!r}) is not supported by unified: "
+                                          f"{instead}." + see("not-supported-yet"))
+        if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
+            raise TypeError(f"DataLoaderConfiguration(data_seed=...) must be an int or None; received {self.data_seed!r}."
+                            + see("not-supported-yet"))

@@ -128,6 +128,9 @@ class LoopSettings:
     mixed_precision: str
     gradients: GradientState
     num_processes: int
+    # Accelerate's ``step_scheduler_with_optimizer``: False steps a prepared scheduler once per
+    # ``step()`` call, whatever the optimizer did
+    step_scheduler_with_optimizer: bool = True
 
 
 def scheduler_steps(settings: LoopSettings) -> int:
@@ -135,14 +138,16 @@ def scheduler_steps(settings: LoopSettings) -> int:
 
     As in Accelerate: 0 between accumulation boundaries and after an optimizer step skipped on
     overflow; else ``num_processes`` (each process sees 1/num_processes of the batches, so a
-    schedule sized from the un-prepared loader ends where the user expects). Accelerate's
-    ``split_batches`` and ``step_scheduler_with_optimizer=False``, which step once, are refused
-    by the Accelerator.
+    schedule sized from the un-prepared loader ends where the user expects). With
+    ``step_scheduler_with_optimizer=False``: 1, always (the user steps the schedule as they see
+    fit). Accelerate's ``split_batches``, which steps once, is refused by the Accelerator.
 
     Example:
         >>> scheduler_steps(LoopSettings("no", GradientState(), num_processes=2))
         2
     """
+    if not settings.step_scheduler_with_optimizer:
+        return 1
     if not settings.gradients.sync_gradients or settings.gradients.optimizer_step_skipped:
         return 0
     return settings.num_processes

@@ -226,6 +226,8 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
         with private.gloo_bound_to(route[0] if route else None):  # the CPU client is made here
             self.process_index = jax.process_index()
         self.num_processes = jax.process_count()
+        if self.num_processes > 1:
+            self.communication_backend = "jax.distributed"
         self.local_process_index = env.local_process_index
         self.local_num_processes = env.local_num_processes
         if self._owns_runtime and not address:  # joined through JAX's cluster detection (SLURM, Open MPI)

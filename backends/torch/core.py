@@ -96,6 +96,14 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
     ``Accelerator(fsdp_plugin=...)`` (see `backends.torch.sharding`)."""
 
     name = "torch"
+    weights_metadata = {"format": "pt"}
+
+    def save_object(self, obj: Any, path: str) -> None:
+        torch.save(obj, path)  # the user asked for torch's format (Accelerate's default); loads never unpickle
+
+    def release_device_memory(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def __init__(self) -> None:
         self._group: Optional[Any] = None  # gloo group for control-plane collectives
@@ -132,6 +140,7 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
         self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         self._store = dist.PrefixStore("unified/", dist.distributed_c10d._get_default_store())
         self.group_distributed_type = "MULTI_GPU" if cuda else "MULTI_CPU"
+        self.communication_backend = str(dist.get_backend())
 
     def shutdown(self) -> None:
         if self._owns_group and dist.is_initialized() and not self._broken:
@@ -442,9 +451,16 @@ class TorchBackend(Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGu
                 f"{first_line(err)}). Check the other processes' logs for an earlier error." + see("distributederror")
             ) from err
 
-    def unwrap_model(self, model: Any) -> Any:
-        while isinstance(model, DDP) or private.compiled_inner(model) is not None:
-            model = model.module if isinstance(model, DDP) else private.compiled_inner(model)
+    def unwrap_model(self, model: Any, keep_compiled: bool = False) -> Any:
+        """DDP, ``nn.DataParallel`` and ``torch.compile`` wrappers removed. ``keep_compiled``:
+        as Accelerate's ``keep_torch_compile``, the outermost compiled wrapper is kept and its
+        ``_orig_mod`` becomes the unwrapped module."""
+        compiled = model if private.compiled_inner(model) is not None else None
+        while isinstance(model, (DDP, torch.nn.DataParallel)) or private.compiled_inner(model) is not None:
+            model = model.module if isinstance(model, (DDP, torch.nn.DataParallel)) else private.compiled_inner(model)
+        if keep_compiled and compiled is not None:
+            compiled._orig_mod = model
+            return compiled
         return model
 
     def state_of(self, kind: str, obj: Any) -> Any:

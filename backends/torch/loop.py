@@ -62,7 +62,7 @@ class TorchTrainingLoop(TrainingLoop):
             return optimizer
         prepared = optimizer if isinstance(optimizer, PreparedOptimizer) else PreparedOptimizer(
             optimizer, self._gradients, self._scaler)
-        self._gradients.step_skipped.append(lambda: prepared.step_was_skipped)
+        self._gradients.step_skipped.append(functools.partial(getattr, prepared, "step_was_skipped"))  # picklable
         self._loop_optimizers.append(prepared)
         return prepared
 
@@ -280,6 +280,14 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def eval(self) -> None:
         if hasattr(self.optimizer, "eval"):
             self.optimizer.eval()
+
+    # pickle and copy the wrapper itself (torch's Optimizer.__getstate__ would keep only what the
+    # properties above show, and its __setstate__ would set them before ``optimizer`` exists)
+    def __getstate__(self) -> Dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def __getattr__(self, name: str) -> Any:
         if name == "optimizer":  # not set yet (unpickling): no recursion

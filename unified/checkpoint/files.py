@@ -1,7 +1,7 @@
 """Plain weight files (``save_model``): one safetensors file with the model's own parameter names."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -20,12 +20,13 @@ def flat_names(tree: Any, prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-def save_arrays(path: str, backend: Any, state: Any) -> Dict[str, object]:
-    """Write ``state``'s arrays to ``path`` as safetensors; returns size and checksum."""
+def save_arrays(path: str, backend: Any, state: Any, metadata: Mapping[str, str] = ()) -> Dict[str, object]:
+    """Write ``state``'s arrays to ``path`` as safetensors (with ``metadata`` in its header);
+    returns size and checksum."""
     exported = {}
     for name, value in flat_names(state).items():
         exported[name] = safetensors_io.export_numpy(value) if isinstance(value, np.ndarray) else backend.export_array(value)
-    return safetensors_io.write(path, exported)
+    return safetensors_io.write(path, exported, metadata)
 
 
 def save_arrays_gathered(path: Optional[str], backend: Any, state: Any,

@@ -1,0 +1,152 @@
+"""Accelerate 1.15's smaller public names on `Accelerator` (issue 24), on the in-memory backend:
+``state`` prints as Accelerate's, `DistributedType` has Accelerate's members, the
+process-selecting decorators, ``prepare(None)``, ``free_memory`` and ``save``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unified import DistributedType, ProjectConfiguration
+
+from .memory_backend import MemoryGroup, run_group, unwrap
+
+# Accelerate 1.15's members, in its order (accelerate.utils.DistributedType)
+ACCELERATE_MEMBERS = ["NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
+                      "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON"]
+
+
+def test_distributed_type_has_every_member_of_accelerate():
+    names = [m.name for m in DistributedType]
+    assert set(ACCELERATE_MEMBERS) <= set(names)
+    assert DistributedType.XLA == "XLA" and DistributedType["DEEPSPEED"] is DistributedType.DEEPSPEED
+
+
+def test_state_prints_as_accelerate_does_on_one_process():
+    acc = MemoryGroup(1).accelerator(0)
+    assert str(acc.state) == ("Distributed environment: DistributedType.NO\nNum processes: 1\nProcess index: 0\n"
+                              "Local process index: 0\nDevice: cpu\n\nMixed precision type: no\n")
+    assert acc.state.backend is None and not acc.state.use_distributed and acc.state.deepspeed_plugin is None
+
+
+def test_state_and_process_decorators_in_a_group():
+    def body(acc):
+        acc._backend.communication_backend = "memory"
+
+        @acc.on_process(process_index=1)
+        def second():
+            return "second"
+
+        @acc.on_local_process(local_process_index=0)
+        def first_of_machine():
+            return "local 0"
+
+        @acc.on_last_process
+        def last():
+            return "last"
+
+        return repr(acc.state), second(), first_of_machine(), last(), acc.use_distributed
+
+    _, results = run_group(3, body, local_num_processes=3)
+    for rank, (state, second, local, last, distributed) in enumerate(unwrap(results)):
+        assert state.startswith(f"Distributed environment: DistributedType.MULTI_CPU  Backend: memory\n"
+                                f"Num processes: 3\nProcess index: {rank}\nLocal process index: {rank}\n")
+        assert second == ("second" if rank == 1 else None)
+        assert local == ("local 0" if rank == 0 else None)
+        assert last == ("last" if rank == 2 else None)
+        assert distributed
+
+
+def test_on_process_needs_an_index():
+    acc = MemoryGroup(1).accelerator(0)
+    with pytest.raises(TypeError, match="process_index="):
+        acc.on_process(lambda: None)
+
+
+def test_prepare_passes_none_through():
+    acc = MemoryGroup(1).accelerator(0)
+    assert acc.prepare(None) is None
+
+
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_free_memory_forgets_prepared_objects_but_keeps_registered_ones(tmp_path):
+    from unified import DataLoader
+
+    acc = MemoryGroup(1).accelerator(0, project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
+    loader = acc.prepare(DataLoader(np.arange(8, dtype=np.float32), batch_size=2))
+    counter = _Counter()
+    acc.register_for_checkpointing(counter)
+    assert acc.free_memory(loader) == [None]
+    assert [e.name for e in acc._checkpoints.entries] == ["custom_checkpoint_0"]
+    again = acc.prepare(DataLoader(np.arange(4, dtype=np.float32), batch_size=2))
+    assert [e.name for e in acc._checkpoints.entries] == ["custom_checkpoint_0", "dataloader_0"]
+    assert again is not None and acc.clear() == []
+
+
+def test_save_writes_safetensors_on_the_main_process_only(tmp_path):
+    def body(acc):
+        acc.save({"w": np.arange(3, dtype=np.float32)}, str(tmp_path / "w.safetensors"), safe_serialization=True)
+        return None
+
+    run_group(2, body)
+    path = tmp_path / "w.safetensors"
+    from safetensors.numpy import load_file
+
+    assert load_file(str(path))["w"].tolist() == [0.0, 1.0, 2.0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]  # no temporary left
+
+
+def test_save_without_safe_serialization_needs_a_format_of_the_backend(tmp_path):
+    acc = MemoryGroup(1).accelerator(0)
+    with pytest.raises(TypeError, match="safe_serialization=True"):
+        acc.save({"w": np.zeros(1)}, str(tmp_path / "w.bin"))
+    with pytest.raises(TypeError, match="dict of arrays"):
+        acc.save([1, 2], str(tmp_path / "w.safetensors"), safe_serialization=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dataloader_configuration_defaults_views_and_refusals():
+    from unified import DataLoader, DataLoaderConfiguration
+
+    acc = MemoryGroup(1).accelerator(0)
+    assert acc.dataloader_config == DataLoaderConfiguration()
+    assert (acc.split_batches, acc.dispatch_batches, acc.even_batches) == (False, None, True)
+    config = DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True, non_blocking=True, data_seed=7)
+    acc = MemoryGroup(1).accelerator(0, dataloader_config=config)
+    assert acc.use_seedable_sampler and acc.use_stateful_dataloader and acc.non_blocking
+    first = [b.tolist() for b in acc.prepare(DataLoader(np.arange(8.0), batch_size=2, shuffle=True))]
+    same = [b.tolist() for b in MemoryGroup(1).accelerator(0, seed=7).prepare(
+        DataLoader(np.arange(8.0), batch_size=2, shuffle=True))]
+    assert first == same  # data_seed seeds the loaders' order as seed= would
+    for refused in (dict(split_batches=True), dict(dispatch_batches=True), dict(even_batches=False)):
+        with pytest.raises(NotImplementedError, match=f"{next(iter(refused))}="):
+            MemoryGroup(1).accelerator(0, dataloader_config=DataLoaderConfiguration(**refused))
+
+
+def test_prepared_lists_marks_and_preparing_twice():
+    from unified import DataLoader
+
+    acc = MemoryGroup(1).accelerator(0)
+    loader = acc.prepare(DataLoader(np.arange(4.0), batch_size=2))
+    assert acc.prepare(loader) is loader and acc._dataloaders == [loader]  # tracked once
+    assert loader._is_accelerate_prepared is True
+    assert [e.name for e in acc._checkpoints.entries] == ["dataloader_0"]
+    assert acc.prepare_data_loader(loader) is loader
+    assert acc._models == [] and acc._optimizers == [] and acc._schedulers == []
+    with pytest.raises(NotImplementedError, match="device_placement"):
+        acc.prepare(loader, device_placement=False)
+
+
+def test_sync_gradients_is_settable():
+    acc = MemoryGroup(1).accelerator(0)
+    acc.sync_gradients = False
+    assert acc.gradient_state.sync_gradients is False

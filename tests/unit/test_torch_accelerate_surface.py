@@ -1,0 +1,83 @@
+"""Accelerate 1.15 names whose meaning is torch's (issue 24): ``prepare_model`` and friends,
+``gradient_accumulation_steps`` as a setter, ``unwrap_model(keep_torch_compile=...)``,
+``step_scheduler_with_optimizer=False``, ``save`` in torch's format, ``state`` in a group."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from unified import Accelerator  # noqa: E402
+
+
+@pytest.fixture
+def accelerator():
+    acc = Accelerator(backend="torch")
+    yield acc
+    acc.end_training()
+
+
+def test_prepare_model_and_friends_track_once(accelerator):
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    prepared = accelerator.prepare_model(model)
+    assert accelerator.prepare_model(prepared) is prepared and len(accelerator._models) == 1
+    prepared_optimizer = accelerator.prepare_optimizer(optimizer)
+    prepared_scheduler = accelerator.prepare_scheduler(scheduler)
+    assert accelerator._optimizers == [prepared_optimizer] and accelerator._schedulers == [prepared_scheduler]
+    assert [e.name for e in accelerator._checkpoints.entries] == ["model_0", "optimizer_0", "scheduler_0"]
+    with pytest.raises(TypeError, match="not a model"):
+        accelerator.prepare_model(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
+    with pytest.raises(NotImplementedError, match="evaluation_mode"):
+        accelerator.prepare_model(model, evaluation_mode=True)
+
+
+def test_gradient_accumulation_steps_set_later_divides_the_loss_and_is_checkpointed(accelerator):
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    model = accelerator.prepare(model)
+    accelerator.gradient_accumulation_steps = 2
+    with accelerator.accumulate(model):
+        accelerator.backward(model(torch.ones(1, 1)).sum())
+    assert model.weight.grad.item() == pytest.approx(0.5)  # divided by the new steps
+    assert "training_loop" in [e.name for e in accelerator._checkpoints.entries]
+    with pytest.raises(ValueError, match="integer >= 1"):
+        accelerator.gradient_accumulation_steps = 0
+
+
+def test_unwrap_model_keeps_torch_compile_unless_asked(accelerator):
+    model = torch.nn.Linear(2, 2)
+    compiled = torch.compile(torch.nn.DataParallel(model))
+    kept = accelerator.unwrap_model(compiled)
+    assert kept is compiled and kept._orig_mod is model  # as Accelerate's keep_torch_compile=True
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+
+
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_step_scheduler_with_optimizer(with_optimizer):
+    acc = Accelerator(backend="torch", gradient_accumulation_steps=2, step_scheduler_with_optimizer=with_optimizer)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    model, optimizer, scheduler = acc.prepare(model, optimizer, scheduler)
+    for _ in range(4):
+        with acc.accumulate(model):
+            acc.backward(model(torch.ones(1, 1)).sum())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+    # with the optimizer: stepped on the 2 boundaries only; without: on each of the 4 calls
+    assert scheduler.scheduler.last_epoch == (2 if with_optimizer else 4)
+    acc.end_training()
+
+
+def test_save_in_torch_format_and_as_safetensors(tmp_path, accelerator):
+    state = {"w": torch.arange(3.0)}
+    accelerator.save(state, tmp_path / "w.bin")
+    assert torch.equal(torch.load(tmp_path / "w.bin", weights_only=True)["w"], state["w"])
+    accelerator.save(state, tmp_path / "w.safetensors", safe_serialization=True)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "w.safetensors"), "pt") as handle:  # as transformers reads it
+        assert handle.metadata() == {"format": "pt"} and torch.equal(handle.get_tensor("w"), state["w"])
