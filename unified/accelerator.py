@@ -5,6 +5,7 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
@@ -133,6 +134,8 @@ class Accelerator(AccelerateSurface):
         self._async_save: Optional[AsyncSave] = None
         self._prepared: List[Tuple[str, Any]] = []
         self._loaders: List[Any] = []
+        self._save_state_pre_hooks: Dict[int, Callable[..., None]] = {}
+        self._load_state_pre_hooks: Dict[int, Callable[..., None]] = {}
         self._metrics = Metrics(self._collectives)
         if self._loop is not None:
             self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes,
@@ -540,14 +543,18 @@ class Accelerator(AccelerateSurface):
         iteration = self.project_configuration.iteration
         if self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration += 1
+        begun, skip = None, []
+        if self._save_state_pre_hooks:  # they write into the checkpoint before its files are written
+            begun = manager.begin(final)
+            skip = self._run_save_state_pre_hooks(begun[1])
         if not async_save:
-            return manager.save(final, manager.safe_snapshot(iteration))
+            return manager.save(final, manager.safe_snapshot(iteration, skip=skip), begun)
         # Where the backend can hold back the next in-place update until the files are written
         # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
         # detect the others (version counters), the snapshot needs no copy of the framework arrays.
         guarded = isinstance(self._backend, WriteGuards)
-        snapshot = manager.safe_snapshot(iteration, detach=True)
-        token, tmp = manager.begin(final)
+        snapshot = manager.safe_snapshot(iteration, detach=True, skip=skip)
+        token, tmp = begun if begun is not None else manager.begin(final)
         # Arrays sharded across processes: their collective part (the plan, host copies of each
         # process's own shards) runs here; only their writes go to the background.
         sharded = manager.begin_sharded(tmp, snapshot)
@@ -603,7 +610,7 @@ class Accelerator(AccelerateSurface):
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
         directory = self._checkpoints.resolve_load_dir(input_dir)
-        self._checkpoints.load(directory)
+        self._checkpoints.load(directory, lambda: self._run_load_state_pre_hooks(directory))
         return directory
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -934,7 +941,6 @@ def _pretty_name(obj: Any) -> str:
 # "nothing special"; any other value is refused rather than silently ignored.
 _NEUTRAL_ACCELERATE_KWARGS = {
     "cpu": (False, True),
-    "split_batches": (False,),
     "dispatch_batches": (None, False),
     "even_batches": (True,),
     "device_placement": (True,),
@@ -944,6 +950,12 @@ _NEUTRAL_ACCELERATE_KWARGS = {
 
 
 def _reject_unknown(kwargs: dict) -> None:
+    if kwargs.pop("split_batches", False):
+        # Accelerate 1.15 takes the argument and ignores it (DataLoaderConfiguration holds the
+        # setting); a script passing it runs as it runs there, and is told so
+        warnings.warn("Accelerator(split_batches=True) is ignored, as Accelerate 1.15 ignores it: each process gets the "
+                      "loader's batch_size. DataLoaderConfiguration(split_batches=True) is not supported by unified."
+                      + see("not-supported-yet"), FutureWarning, stacklevel=3)
     for name, value in kwargs.items():
         if name not in _NEUTRAL_ACCELERATE_KWARGS:
             raise TypeError(

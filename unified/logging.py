@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, MutableMapping, Optional, Tuple
+from typing import Any, Dict, MutableMapping, Optional, Tuple
 
 from .environment import ProcessEnvironment
 
@@ -36,27 +36,40 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,
             local: bool = False, **kwargs: Any) -> None:
+        # the record names the caller's file and line, not this module's (as Accelerate's does)
+        kwargs.setdefault("stacklevel", 2)
+        self._log(level, msg, args, main_process_only, local, kwargs)
+
+    def _log(self, level: int, msg: Any, args: Any, main_process_only: bool, local: bool,
+             kwargs: MutableMapping[str, Any]) -> None:
         if main_process_only and process_index_from_env(local) != 0:
             return
         if self.isEnabledFor(level):
             if not main_process_only:
                 msg = f"[process {process_index_from_env()}] {msg}"
+            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1  # and this frame
             self.logger.log(level, msg, *args, **kwargs)
+
+    def _at(self, level: int, msg: Any, args: Any, kwargs: Dict[str, Any]) -> None:
+        """`log` for the level-named methods: one frame more between the caller and the logger."""
+        kwargs.setdefault("stacklevel", 2)
+        kwargs["stacklevel"] += 1
+        self._log(level, msg, args, kwargs.pop("main_process_only", True), kwargs.pop("local", False), kwargs)
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
         return msg, kwargs
 
     def debug(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self.log(logging.DEBUG, msg, *args, **kwargs)
+        self._at(logging.DEBUG, msg, args, kwargs)
 
     def info(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self.log(logging.INFO, msg, *args, **kwargs)
+        self._at(logging.INFO, msg, args, kwargs)
 
     def warning(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self.log(logging.WARNING, msg, *args, **kwargs)
+        self._at(logging.WARNING, msg, args, kwargs)
 
     def error(self, msg: Any, *args: Any, **kwargs: Any) -> None:
-        self.log(logging.ERROR, msg, *args, **kwargs)
+        self._at(logging.ERROR, msg, args, kwargs)
 
 
 def get_logger(name: str, log_level: Optional[str] = None) -> MultiProcessAdapter:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import os
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, TypeVar
 
 from .errors import see
 from .state import AcceleratorState
@@ -30,6 +30,33 @@ def only_if(condition: Callable[[], bool], function: F) -> F:
         return None
 
     return wrapper  # type: ignore[return-value]
+
+
+class RemovableHandle:
+    """What ``register_*_hook`` returns: ``handle.remove()`` unregisters the hook (torch's
+    ``RemovableHandle`` protocol, which Accelerate returns).
+
+    Example:
+        >>> handle = accelerator.register_save_state_pre_hook(hook)   # doctest: +SKIP
+        >>> handle.remove()                                           # doctest: +SKIP
+    """
+
+    _next_id = 0
+
+    def __init__(self, hooks: Dict[int, Callable[..., None]], hook: Callable[..., None]) -> None:
+        RemovableHandle._next_id += 1
+        self.id = RemovableHandle._next_id
+        self._hooks = hooks
+        hooks[self.id] = hook
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self) -> "RemovableHandle":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
 
 
 class AccelerateSurface:
@@ -194,6 +221,64 @@ class AccelerateSurface:
         finally:
             if os.path.lexists(tmp):
                 os.remove(tmp)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` on every process in each `save_state`, before
+        unified writes its files (Accelerate's hook). ``models``: the prepared models;
+        ``weights``: their state dicts; ``output_dir``: the checkpoint's temporary folder, where
+        the files the hook writes are committed with the checkpoint (and checked when loaded).
+        A model whose weights the hook removes from ``weights`` (on the main process) is not
+        saved by unified: the hook saved it, and a load-state hook must restore it.
+
+        Example:
+            >>> def save_config(models, weights, output_dir):
+            ...     if accelerator.is_main_process:
+            ...         with open(os.path.join(output_dir, "config.json"), "w") as f:
+            ...             json.dump({"name": type(models[0]).__name__}, f)
+            >>> handle = accelerator.register_save_state_pre_hook(save_config)
+        """
+        return RemovableHandle(self._save_state_pre_hooks, hook)  # type: ignore[attr-defined]
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` on every process in each `load_state`, after every
+        file was verified and before anything is restored (Accelerate's hook). A model the hook
+        removes from ``models`` is restored by the hook, not by unified.
+
+        Example:
+            >>> def load_config(models, input_dir):
+            ...     with open(os.path.join(input_dir, "config.json")) as f:
+            ...         models[0].name = json.load(f)["name"]
+            >>> handle = accelerator.register_load_state_pre_hook(load_config)
+        """
+        return RemovableHandle(self._load_state_pre_hooks, hook)  # type: ignore[attr-defined]
+
+    def _model_names(self) -> List[str]:
+        return [f"model_{i}" for i in range(len(self._models))]
+
+    def _run_save_state_pre_hooks(self, output_dir: str) -> List[str]:
+        """The save hooks, on every process; returns the models they saved themselves, as the
+        main process's hooks decided (the main process writes the manifest)."""
+        os.makedirs(output_dir, exist_ok=True)
+        models = self._models
+        weights = [self._backend.state_of("model", model) for model in models]  # type: ignore[attr-defined]
+        given = list(weights)
+        for hook in list(self._save_state_pre_hooks.values()):  # type: ignore[attr-defined]
+            hook(models, weights, output_dir)
+        kept = {id(w) for w in weights}
+        skip = [name for name, w in zip(self._model_names(), given) if id(w) not in kept]
+        return self._collectives.broadcast_json(skip if self.is_main_process else None,  # type: ignore[attr-defined]
+                                                operation="save_state (hooks)")
+
+    def _run_load_state_pre_hooks(self, input_dir: str) -> Collection[str]:
+        """The load hooks, on every process; returns the models they restored themselves."""
+        if not self._load_state_pre_hooks:  # type: ignore[attr-defined]
+            return ()
+        given = self._models
+        models = list(given)
+        for hook in list(self._load_state_pre_hooks.values()):  # type: ignore[attr-defined]
+            hook(models, input_dir)
+        left = {id(m) for m in models}
+        return [name for name, model in zip(self._model_names(), given) if id(model) not in left]
 
     def free_memory(self, *objects: Any) -> List[None]:
         """Forget the prepared models, optimizers, schedulers and loaders (they are no longer

@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -37,6 +38,7 @@ import numpy as np
 from .errors import UnifiedError, see
 
 __all__ = ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker", "LoggerType",
+           "register_tracker_class", "LOGGER_TYPE_TO_CLASS",
            "TrackerUnavailable", "TRACKERS", "available_trackers"]
 
 EXTRA = "unified[tracking]"
@@ -334,6 +336,61 @@ class WandBTracker(GeneralTracker):
 
 
 TRACKERS: Dict[str, type] = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandBTracker}
+_BUILT_IN = dict(TRACKERS)
+LOGGER_TYPE_TO_CLASS = TRACKERS  # Accelerate's name for the same registry
+
+
+def _is_tracker(obj: Any) -> bool:
+    """A tracker object: ours, or one with Accelerate's `GeneralTracker` interface (an
+    ``accelerate.tracking.GeneralTracker`` subclass works as it is)."""
+    return isinstance(obj, GeneralTracker) or (
+        not isinstance(obj, type) and all(callable(getattr(obj, m, None)) for m in ("log", "store_init_configuration"))
+        and isinstance(getattr(obj, "name", None), str))
+
+
+def register_tracker_class(tracker_class: type) -> None:
+    """Make ``tracker_class`` usable by its ``name`` in ``log_with``, as Accelerate's
+    ``register_tracker_class``: it subclasses `GeneralTracker` (ours or Accelerate's) and defines
+    ``name`` and ``requires_logging_directory``. `init_trackers` builds it as
+    ``tracker_class(project_name, logging_dir, **init_kwargs[name])`` when it needs a logging
+    directory, else ``tracker_class(project_name, **init_kwargs[name])``. Register it before the
+    Accelerator that uses it is made; a name already taken is overwritten with a warning.
+
+    Example:
+        >>> class MyTracker(GeneralTracker):
+        ...     name = "my_tracker"
+        ...     requires_logging_directory = False
+        ...     def __init__(self, run_name, **kwargs):
+        ...         super().__init__()
+        ...     tracker = None
+        >>> register_tracker_class(MyTracker)
+        >>> accelerator = Accelerator(log_with="my_tracker")   # doctest: +SKIP
+    """
+    accelerate_like = isinstance(tracker_class, type) and any(
+        base.__name__ == "GeneralTracker" for base in tracker_class.__mro__)
+    if not accelerate_like:
+        raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}."
+                         + see("custom-tracker"))
+    if not getattr(tracker_class, "name", None):
+        raise ValueError("The tracker class to register must define a non-empty `name` attribute." + see("custom-tracker"))
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError("The tracker class to register must define a `requires_logging_directory` class attribute "
+                         "(True if it needs a logging directory)." + see("custom-tracker"))
+    name = tracker_class.name
+    if name in TRACKERS:
+        warnings.warn(f"A tracker with the name '{name}' is already registered and will be overwritten by "
+                      f"{tracker_class}.", UserWarning, stacklevel=2)
+    TRACKERS[name] = tracker_class
+
+
+def _build(name: str, project_name: str, logging_dir: Optional[str], kwargs: Dict[str, Any]) -> Any:
+    """The tracker registered as ``name`` for a run called ``project_name``."""
+    cls = TRACKERS[name]
+    if _BUILT_IN.get(name) is cls:
+        return cls(project_name, logging_dir=logging_dir, **kwargs)
+    if cls.requires_logging_directory:
+        return cls(project_name, logging_dir, **kwargs)
+    return cls(project_name, **kwargs)
 
 
 def _installed(module: str) -> bool:
@@ -351,7 +408,7 @@ def available_trackers() -> List[str]:
         >>> available_trackers()            # doctest: +SKIP
         ['tensorboard', 'mlflow', 'wandb']
     """
-    return [name for name, cls in TRACKERS.items() if all(_installed(m) for m in cls.packages)]
+    return [name for name, cls in TRACKERS.items() if all(_installed(m) for m in getattr(cls, "packages", ()))]
 
 
 def _import_alone(module: str) -> Any:
@@ -399,7 +456,7 @@ def resolve_log_with(log_with: Any, logging_dir: Optional[str]) -> List[Union[st
     names: List[str] = []
     instances: List[GeneralTracker] = []
     for item in items:
-        if isinstance(item, GeneralTracker):
+        if _is_tracker(item):
             instances.append(item)
             continue
         name = item.value if isinstance(item, enum.Enum) else item
@@ -411,7 +468,7 @@ def resolve_log_with(log_with: Any, logging_dir: Optional[str]) -> List[Union[st
         if name == "all":
             names += [n for n in available_trackers() if n not in names]
             continue
-        missing = [m for m in TRACKERS[name].packages if not _installed(m)]
+        missing = [m for m in getattr(TRACKERS[name], "packages", ()) if not _installed(m)]
         if missing:
             raise TrackerUnavailable(
                 f"log_with={name!r} needs the package(s) {', '.join(missing)}, which are not installed. "
@@ -466,9 +523,9 @@ class TrackerSet:
         resolve_log_with(names, logging_dir)  # logging_dir may have changed since the Accelerator was made
         init_kwargs = init_kwargs or {}
         for item in self.requested:
-            tracker = item if isinstance(item, GeneralTracker) else TRACKERS[item](
-                project_name, logging_dir=logging_dir, **init_kwargs.get(item, {}))
-            tracker.start()
+            tracker = _build(item, project_name, logging_dir, init_kwargs.get(item, {})) if isinstance(item, str) else item
+            if callable(getattr(tracker, "start", None)):
+                tracker.start()
             self.trackers.append(tracker)
         if config is not None:
             for tracker in self.trackers:

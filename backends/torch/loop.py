@@ -210,7 +210,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._gradients = gradients
         self._scaler = scaler
-        self._skipped = False
+        self._is_overflow = False
 
     # the user's optimizer's state, seen through this wrapper
     @property
@@ -260,18 +260,18 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not self._gradients.sync_gradients:
             return None
         if self._scaler is None:
-            self._skipped = False
+            self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale = self._scaler.get_scale()
         result = self._scaler.step(self.optimizer, closure) if closure is not None else self._scaler.step(self.optimizer)
         self._scaler.update()
-        self._skipped = self._scaler.get_scale() < scale
+        self._is_overflow = self._scaler.get_scale() < scale
         return result
 
     @property
     def step_was_skipped(self) -> bool:
         """True when the last boundary's step was skipped because of inf/NaN gradients (fp16)."""
-        return self._skipped
+        return self._is_overflow
 
     def train(self) -> None:
         if hasattr(self.optimizer, "train"):

@@ -150,3 +150,9 @@ def test_sync_gradients_is_settable():
     acc = MemoryGroup(1).accelerator(0)
     acc.sync_gradients = False
     assert acc.gradient_state.sync_gradients is False
+
+
+def test_split_batches_in_the_constructor_is_ignored_with_a_warning_as_accelerate_ignores_it():
+    with pytest.warns(FutureWarning, match="ignored, as Accelerate 1.15 ignores it"):
+        acc = MemoryGroup(1).accelerator(0, split_batches=True)
+    assert acc.split_batches is False

@@ -210,7 +210,7 @@ def test_training_loop_on_a_backend_without_it_is_a_clear_error(kwargs):
         MemoryGroup(1).accelerator(0, **kwargs)
 
 
-@pytest.mark.parametrize("name, value", [("split_batches", True), ("even_batches", False)])
+@pytest.mark.parametrize("name, value", [("even_batches", False), ("dispatch_batches", True)])
 def test_unsupported_accelerate_values_raise_not_implemented(no_framework_backend, name, value):
     with pytest.raises(NotImplementedError, match=name) as info:
         Accelerator(**{name: value})

@@ -186,3 +186,70 @@ def test_tensorboardx_is_imported_without_torch_in_a_process_without_torch():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+
+
+class NamedTracker(GeneralTracker):
+    """Registered by name, built as Accelerate builds registered classes: (project_name, **kwargs)."""
+
+    name = "named_tracker"
+    requires_logging_directory = False
+
+    def __init__(self, run_name, **kwargs):
+        super().__init__()
+        self.run_name, self.kwargs, self.config, self.values = run_name, kwargs, {}, {}
+
+    @property
+    def tracker(self):
+        return self
+
+    def store_init_configuration(self, values):
+        self.config.update(values)
+
+    def log(self, values, step=None, **kwargs):
+        self.values.update(values)
+
+
+class DuckTracker:
+    """Accelerate's GeneralTracker interface without our base class (an accelerate.tracking object)."""
+
+    name = "duck"
+    requires_logging_directory = False
+    tracker = None
+
+    def __init__(self):
+        self.logged = []
+
+    def store_init_configuration(self, values):
+        pass
+
+    def log(self, values, step=None, **kwargs):
+        self.logged.append((step, dict(values)))
+
+    def finish(self):
+        self.logged.append("finished")
+
+
+def test_register_tracker_class_as_accelerate(monkeypatch):
+    from unified import tracking
+
+    monkeypatch.setattr(tracking, "TRACKERS", dict(tracking.TRACKERS))
+    with pytest.raises(ValueError, match="subclass of `GeneralTracker`"):
+        tracking.register_tracker_class(dict)
+
+    class Nameless(GeneralTracker):
+        requires_logging_directory = False
+
+    with pytest.raises(ValueError, match="`name`"):
+        tracking.register_tracker_class(Nameless)
+    tracking.register_tracker_class(NamedTracker)
+    with pytest.warns(UserWarning, match="named_tracker"):
+        tracking.register_tracker_class(NamedTracker)
+    acc = MemoryGroup(1).accelerator(0, log_with=["named_tracker", DuckTracker()])
+    acc.init_trackers("project", config={"lr": 0.1}, init_kwargs={"named_tracker": {"entity": "me"}})
+    acc.log({"loss": 0.5}, step=3)
+    named, duck = acc.get_tracker("named_tracker"), acc.get_tracker("duck")
+    acc.end_training()
+    assert (named.run_name, named.kwargs, named.config, named.values) == ("project", {"entity": "me"}, {"lr": 0.1},
+                                                                          {"loss": 0.5})
+    assert duck.logged == [(3, {"loss": 0.5}), "finished"]
+

@@ -17,7 +17,7 @@ import uuid
 import zlib
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -134,6 +134,8 @@ class Snapshot:
     # not read twice; `changed_in_place` then names the arrays edited in place since the snapshot.
     live: bool = False
     changed_in_place: Callable[[], List[str]] = lambda: []
+    # objects that save-state hooks saved instead (see `CheckpointManager.snapshot`)
+    skipped: List[str] = field(default_factory=list)
 
 
 HOST_GENERATORS = ("python", "numpy")
@@ -256,13 +258,16 @@ class CheckpointManager:
                 raw = raw.copy()
         return dtype, shape, raw
 
-    def snapshot(self, iteration: int, detach: bool = False) -> Snapshot:
+    def snapshot(self, iteration: int, detach: bool = False, skip: Collection[str] = ()) -> Snapshot:
         """Everything this process must write, as host arrays. ``detach`` makes the snapshot
-        hold the state of this moment while training goes on (see `_export`)."""
-        snap = Snapshot(iteration=iteration)
+        hold the state of this moment while training goes on (see `_export`); the objects named
+        in ``skip`` are not saved (save-state hooks saved them their own way)."""
+        snap = Snapshot(iteration=iteration, skipped=list(skip))
         main = self.backend.process_index == 0
         live: Dict[str, Any] = {}
         for entry in self.entries:
+            if entry.name in snap.skipped:
+                continue
             try:
                 structure, arrays = codec.encode(entry.get_state(), self.backend.is_array, entry.name)
             except TypeError as err:
@@ -356,11 +361,11 @@ class CheckpointManager:
             lock.release(self._lock_key)
         self._lock_key, self._held_folder = None, None
 
-    def safe_snapshot(self, iteration: int, detach: bool = False) -> Snapshot:
+    def safe_snapshot(self, iteration: int, detach: bool = False, skip: Collection[str] = ()) -> Snapshot:
         """`snapshot` on every process, failing on every process when it fails on any."""
         failure: Optional[BaseException] = None
         try:
-            snap = self.snapshot(iteration, detach)
+            snap = self.snapshot(iteration, detach, skip)
         except (CheckpointError, TypeError, ValueError) as err:
             failure = err
         failed = self.collectives.share_failure(failure, "save_state (snapshot)")
@@ -441,9 +446,10 @@ class CheckpointManager:
                              "call accelerator.wait_for_checkpoint() before changing saved state in place"}
         return {"files": files, "structures": snap.structures}
 
-    def save(self, final: str, snap: Snapshot) -> str:
-        """Write ``snap`` into a temporary directory and commit it as ``final`` (collective)."""
-        token, tmp = self.begin(final)
+    def save(self, final: str, snap: Snapshot, begun: Optional[Tuple[str, str]] = None) -> str:
+        """Write ``snap`` into a temporary directory and commit it as ``final`` (collective);
+        ``begun``: the ``(token, temporary directory)`` of a `begin` already made."""
+        token, tmp = begun if begun is not None else self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
         if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
             # every process's shards are on disk and no writer hashed them: each process checksums
@@ -455,7 +461,7 @@ class CheckpointManager:
         # The main process lists every process's shard files now that all of them are written.
         failed = self._on_main_process(
             "save_state (committed)",
-            lambda: self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap.iteration),
+            lambda: self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap),
             lambda err: _commit_error(final, err))
         if failed:
             raise CheckpointError(f"a save_state failed on process {failed[0]}: {failed[1]}" + see("background-save-failed"))
@@ -486,7 +492,7 @@ class CheckpointManager:
             return final
         reports = [report] + [self._wait_part(tmp, r, token) for r in range(1, count)]
         try:
-            self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap.iteration)
+            self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap)
         except OSError as err:
             raise _commit_error(final, err) from err
         _raise_reported(final, reports)
@@ -559,7 +565,7 @@ class CheckpointManager:
         os.remove(path)
         return report
 
-    def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], iteration: int) -> None:
+    def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], snap: Snapshot) -> None:
         """Main process: write the manifest last, make every file and folder durable, rename
         into place, then apply retention; when it returns the checkpoint survives a power loss
         and older ones beyond ``total_limit`` are gone (as Accelerate's are when its save
@@ -569,8 +575,8 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             return
         try:
-            self._write_manifest_and_rename(final, tmp, token, reports, iteration)
-        except OSError:
+            self._write_manifest_and_rename(final, tmp, token, reports, snap)
+        except (OSError, CheckpointError):
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         parent = os.path.dirname(os.path.abspath(final))
@@ -579,21 +585,28 @@ class CheckpointManager:
             layout.apply_retention(parent, self.config.total_limit, keep=final)
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
-                                   iteration: int) -> None:
+                                   snap: Snapshot) -> None:
         files: Dict[str, Any] = {}
         structures: Dict[str, Any] = {}
         for r in reports:
             files.update(r["files"])
             structures.update(r["structures"])
-        write_manifest(tmp, {
+        hook_files = sorted(set(_tree(tmp, "")) - set(files))  # what save-state hooks wrote: verified at load
+        for name in hook_files:
+            check_file_name(tmp, name)
+        files.update(_hash_files(tmp, hook_files))
+        body = {
             "sharded": reports[0].get("sharded", {}),
             "backend": self.backend.name,
             "num_processes": self.backend.num_processes,
-            "iteration": iteration,
-            "objects": [e.name for e in self.entries],
+            "iteration": snap.iteration,
+            "objects": [e.name for e in self.entries if e.name not in snap.skipped],
             "files": files,
             "structures": structures,
-        })
+        }
+        if hook_files or snap.skipped:
+            body.update(hook_files=hook_files, hook_objects=list(snap.skipped))
+        write_manifest(tmp, body)
         layout.fsync_tree(tmp)  # contents before the name: a power loss never leaves a torn checkpoint
         layout.commit(tmp, final, token)
 
@@ -628,8 +641,11 @@ class CheckpointManager:
         if failed:
             raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
 
-    def load(self, directory: str) -> Dict[str, Any]:
-        """Verify and restore everything from ``directory`` (collective). Returns the manifest."""
+    def load(self, directory: str, before_restore: Callable[[], Collection[str]] = lambda: ()) -> Dict[str, Any]:
+        """Verify and restore everything from ``directory`` (collective). Returns the manifest.
+
+        ``before_restore`` runs once everything is verified, before any object is restored (the
+        load-state hooks); it returns the names of the objects it restored itself."""
         failure: Optional[BaseException] = None
         try:
             manifest, states, rng, sharded_files = self._read(directory)
@@ -647,7 +663,16 @@ class CheckpointManager:
             except CheckpointError as err:
                 failure = err
             self._raise_shared(directory, failure, "load_state (resumable)")
+        by_hooks = set(before_restore())
+        hook_saved = set(manifest.get("hook_objects", ()))
+        left = sorted(hook_saved - by_hooks)
+        if left:
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: {', '.join(left)} was saved by a save-state "
+                                  "hook instead of unified, and no load-state hook restored it: register the matching "
+                                  "load hook (accelerator.register_load_state_pre_hook)." + see("state-hooks"))
         for entry in self.entries:
+            if entry.name in by_hooks:
+                continue
             try:
                 entry.set_state(states[entry.name])
             except (KeyError, ValueError, RuntimeError, TypeError) as err:
@@ -669,7 +694,7 @@ class CheckpointManager:
         saved by another process count...)."""
         saved_processes = int(manifest.get("num_processes") or 0)
         for entry in self.entries:
-            if entry.check is None:
+            if entry.check is None or entry.name not in states:  # not in states: saved by a hook
                 continue
             try:
                 entry.check(states[entry.name], saved_processes)
@@ -723,7 +748,7 @@ class CheckpointManager:
             self._raise_shared(directory, failure, "load_state (sharded files unchanged)")
         by_name = {names[k]: v for k, v in restored.items()}
         return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
-                for entry in self.entries}
+                for entry in self.entries if entry.name in files}
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
                            identities: Dict[str, Tuple[int, ...]], read_error: Optional[BaseException] = None) -> None:
@@ -797,19 +822,24 @@ class CheckpointManager:
                 "Load it with the backend that wrote it." + see("wrong-backend")
             )
         saved = manifest.get("objects", [])
-        mine = [e.name for e in self.entries]
+        hook_saved = manifest.get("hook_objects", [])
+        mine = [e.name for e in self.entries if e.name not in hook_saved]
         if saved != mine:
             raise CheckpointError(
                 f"{where}: holds objects {saved}; this run prepared/registered {mine}. Prepare and register "
                 "the same objects in the same order as the run that saved it." + see("objects-differ")
             )
         structures = manifest.get("structures")
-        missing = [e.name for e in self.entries if not isinstance(structures, dict) or e.name not in structures]
+        missing = [e.name for e in self.entries
+                   if e.name not in hook_saved and (not isinstance(structures, dict) or e.name not in structures)]
         if missing:
             raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}" + see("no-structure"))
         states = {}  # without sharded arrays: decoded states; with them: the verified files (see _with_sharded)
         sharded = manifest.get("sharded") or {}
+        self._verify_hook_files(directory, manifest)
         for entry in self.entries:
+            if entry.name in hook_saved:
+                continue
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
             self._check_fits(entry, arrays, set(sharded.values()), os.path.join(directory, f"{entry.name}.safetensors"))
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
@@ -833,6 +863,20 @@ class CheckpointManager:
         else:
             rng = resolve_rng(streams, rank)
         return manifest, states, rng, sharded_files
+
+    def _verify_hook_files(self, directory: str, manifest: Dict[str, Any]) -> None:
+        """The files save-state hooks wrote are checked (size and xxh3, each process a share)
+        before the load-state hooks read them."""
+        names = manifest.get("hook_files", [])
+        listed = {name: manifest["files"].get(name) for name in names}
+        missing = [name for name, info in listed.items() if info is None]
+        if missing:
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists hook file {missing[0]!r} without its "
+                                  "size and checksum." + see("manifest-files"))
+        share = share_of({name: int(info["size"]) for name, info in listed.items()},
+                         self.backend.process_index, self.backend.num_processes)
+        for name in share:
+            safetensors_io.verify_file(check_file_name(directory, name), listed[name]["size"], listed[name]["xxh3"])
 
     def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
         """The sharded arrays' reader (Orbax, DCP) opens whatever its folder holds: every entry there

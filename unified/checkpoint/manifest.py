@@ -55,7 +55,10 @@ _CHECKSUM = re.compile("[0-9a-f]{16}")
 # written before arrays could be sharded have no "sharded").
 _FIELD_TYPES = {"backend": (str, "a string"), "num_processes": (int, "an integer"), "iteration": (int, "an integer"),
                 "objects": (list, "a list of strings"), "structures": (dict, "a mapping"),
-                "sharded": (dict, "a mapping of strings")}
+                "sharded": (dict, "a mapping of strings"),
+                # what save-state hooks wrote (`Accelerator.register_save_state_pre_hook`): their
+                # files, listed in 'files' too, and the models they saved instead of unified
+                "hook_files": (list, "a list of strings"), "hook_objects": (list, "a list of strings")}
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -245,7 +248,7 @@ def _check_fields(body: Dict[str, Any], path: str) -> None:
             continue
         value = body[key]
         well_typed = _is_int(value) if expected is int else isinstance(value, expected)
-        if key == "objects":
+        if key in ("objects", "hook_files", "hook_objects"):
             well_typed = well_typed and all(isinstance(name, str) for name in value)
         elif key == "sharded":
             well_typed = well_typed and all(isinstance(name, str) for name in value.values())
