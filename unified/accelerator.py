@@ -21,7 +21,7 @@ from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
-from .surface import PREPARED_KINDS, AccelerateSurface, only_if
+from .surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs, only_if
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .tracking import TrackerSet
 from .watchdog import Watchdog
@@ -86,7 +86,7 @@ class Accelerator(AccelerateSurface):
         step_scheduler_with_optimizer: bool = True,
         **accelerate_kwargs: Any,
     ) -> None:
-        _reject_unknown(accelerate_kwargs)
+        gradient_accumulation_steps = check_accelerate_kwargs(accelerate_kwargs, gradient_accumulation_steps)
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
         self.dataloader_config.check()
         self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
@@ -409,12 +409,17 @@ class Accelerator(AccelerateSurface):
         """
         return self._metrics.pad_across_processes(tree, dim, pad_index, pad_first)
 
-    def reduce(self, tree: Any, reduction: str = "sum") -> Any:
-        """Element-wise ``"sum"`` or ``"mean"`` over processes, on every process.
+    def reduce(self, tree: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Element-wise ``"sum"`` or ``"mean"`` over processes, on every process. ``scale`` is
+        accepted and, as in Accelerate everywhere but on XLA devices, not applied (a warning says
+        so when it is not 1).
 
         Example:
             >>> accelerator.reduce({"loss": loss}, "mean")
         """
+        if scale != 1.0:
+            warnings.warn(f"reduce(scale={scale!r}) is ignored, as Accelerate ignores it off XLA devices: multiply "
+                          "the result yourself." + see("not-supported-yet"), UserWarning, stacklevel=2)
         return self._collectives.reduce(tree, reduction)
 
     def broadcast(self, tree: Any, from_process: int = 0) -> Any:
@@ -937,35 +942,3 @@ def _pretty_name(obj: Any) -> str:
     return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
 
 
-# Accelerate keywords accepted so that scripts run unchanged, with the values that mean
-# "nothing special"; any other value is refused rather than silently ignored.
-_NEUTRAL_ACCELERATE_KWARGS = {
-    "cpu": (False, True),
-    "dispatch_batches": (None, False),
-    "even_batches": (True,),
-    "device_placement": (True,),
-    "kwargs_handlers": (None, []),
-    "rng_types": (None,),
-}
-
-
-def _reject_unknown(kwargs: dict) -> None:
-    if kwargs.pop("split_batches", False):
-        # Accelerate 1.15 takes the argument and ignores it (DataLoaderConfiguration holds the
-        # setting); a script passing it runs as it runs there, and is told so
-        warnings.warn("Accelerator(split_batches=True) is ignored, as Accelerate 1.15 ignores it: each process gets the "
-                      "loader's batch_size. DataLoaderConfiguration(split_batches=True) is not supported by unified."
-                      + see("not-supported-yet"), FutureWarning, stacklevel=3)
-    for name, value in kwargs.items():
-        if name not in _NEUTRAL_ACCELERATE_KWARGS:
-            raise TypeError(
-                f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
-                f"gradient_accumulation_steps, handle_preemption, log_with, fsdp_plugin, project_dir, project_config, seed, "
-                f"timeout, and Accelerate's "
-                f"{', '.join(sorted(_NEUTRAL_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword")
-            )
-        if value not in _NEUTRAL_ACCELERATE_KWARGS[name]:
-            raise NotImplementedError(
-                f"Accelerator({name}={value!r}) is not supported by unified yet; remove the argument "
-                f"or pass one of {_NEUTRAL_ACCELERATE_KWARGS[name]!r}." + see("not-supported-yet")
-            )

@@ -357,6 +357,9 @@ class ShardedTraining(abc.ABC):
     through `ShardedArrays`.
     """
 
+    # Accelerate's ``accelerator.is_fsdp2``: the backend shards with torch's FSDP2
+    is_fsdp2: bool = False
+
     @abc.abstractmethod
     def configure_sharding(self, plugin: Any) -> None: ...
 
@@ -413,6 +416,13 @@ class TrainingLoop(abc.ABC):
         """``model`` without the mixed-precision wrapping `prepare` gave it (``unwrap_model(...,
         keep_fp32_wrapper=False)``)."""
         return model
+
+    # the loss scaler of fp16 training (torch's ``GradScaler``), where there is one
+    loss_scaler: Any = None
+
+    def unscale_gradients(self) -> None:
+        """Divide the gradients by the loss scale now (once per step), where there is a loss
+        scaler (``accelerator.unscale_gradients``); nothing otherwise."""
 
 
 CAPABILITIES = (TrainingObjects, Autograd, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays,

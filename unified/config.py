@@ -8,7 +8,7 @@ from typing import Optional
 
 from .errors import see
 
-__all__ = ["ProjectConfiguration", "DistributedType", "DataLoaderConfiguration"]
+__all__ = ["ProjectConfiguration", "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
 
 
 class DistributedType(str, enum.Enum):
@@ -138,3 +138,42 @@ class DataLoaderConfiguration:
         if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
             raise TypeError(f"DataLoaderConfiguration(data_seed=...) must be an int or None; received {self.data_seed!r}."
                             + see("not-supported-yet"))
+
+
+@dataclasses.dataclass
+class GradientAccumulationPlugin:
+    """Accelerate's accumulation settings, for ``Accelerator(gradient_accumulation_plugin=...)``.
+
+    ``num_steps`` is ``gradient_accumulation_steps``. The window also closes at the end of a
+    prepared loader (``sync_with_dataloader=True``, the only value unified implements), and
+    gradients are synchronised once per window (``sync_each_batch=False``, likewise).
+    ``adjust_scheduler`` is accepted and, as in Accelerate 1.15 (where neither value reaches
+    the scheduler), has no effect.
+
+    Example:
+        >>> plugin = GradientAccumulationPlugin(num_steps=4)
+        >>> accelerator = Accelerator(gradient_accumulation_plugin=plugin)   # doctest: +SKIP
+    """
+
+    num_steps: Optional[int] = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    @staticmethod
+    def steps_of(plugin: "GradientAccumulationPlugin", steps: int) -> int:
+        """The accumulation steps ``plugin`` asks for (``steps``, the constructor's, must be 1 then:
+        Accelerate refuses both); a clear error for values unified does not implement."""
+        if not all(hasattr(plugin, f) for f in ("num_steps", "sync_with_dataloader", "sync_each_batch")):
+            raise TypeError(f"gradient_accumulation_plugin must be a GradientAccumulationPlugin, not {type(plugin).__name__}."
+                            + see("not-supported-yet"))
+        if steps != 1:
+            raise ValueError("You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
+                             "Please only pass in the created `GradientAccumulationPlugin` object." + see("not-supported-yet"))
+        if plugin.sync_with_dataloader is not True:
+            raise NotImplementedError("GradientAccumulationPlugin(sync_with_dataloader=False) is not supported by unified: "
+                                      "the window always closes at the end of a prepared loader." + see("not-supported-yet"))
+        if plugin.sync_each_batch is not False:
+            raise NotImplementedError("GradientAccumulationPlugin(sync_each_batch=True) is not supported by unified: "
+                                      "gradients are synchronised once per window." + see("not-supported-yet"))
+        return 1 if plugin.num_steps is None else plugin.num_steps

@@ -96,6 +96,13 @@ class TorchTrainingLoop(TrainingLoop):
             return sharded
         return model.no_sync() if isinstance(model, DDP) else contextlib.nullcontext()
 
+    @property
+    def loss_scaler(self) -> Optional[Any]:
+        return self._scaler
+
+    def unscale_gradients(self) -> None:
+        self._unscale()
+
     def _unscale(self) -> None:
         """fp16: divide the gradients by the loss scale once per step, before they are read."""
         if self._scaler is None or not self._gradients.sync_gradients:

@@ -43,6 +43,7 @@ class TorchSharding(ShardedTraining, ShardedArrays):
     """What `unified.backend.ShardedTraining` and `ShardedArrays` ask of torch."""
 
     sharded_format = "dcp"
+    is_fsdp2 = True
     _fsdp_plugin: Optional[Any] = None
 
     def configure_sharding(self, plugin: Any) -> None:

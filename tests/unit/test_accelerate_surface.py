@@ -156,3 +156,103 @@ def test_split_batches_in_the_constructor_is_ignored_with_a_warning_as_accelerat
     with pytest.warns(FutureWarning, match="ignored, as Accelerate 1.15 ignores it"):
         acc = MemoryGroup(1).accelerator(0, split_batches=True)
     assert acc.split_batches is False
+
+
+# Accelerate's values for features unified does not have, as on an Accelerate run not using them
+NOT_IN_USE = {"ao_recipe_handler": None, "autocast_handler": None, "ddp_handler": None, "fp8_recipe_handler": None,
+              "init_handler": None, "msamp_recipe_handler": None, "profile_handler": None, "scaler_handler": None,
+              "te_recipe_handler": None, "deepspeed_plugin": None, "parallelism_config": None,
+              "torch_device_mesh": None, "rng_types": None, "flag_tensor": None, "device_placement": True,
+              "fp8_enabled": False, "delayed_fp8_autocast": False, "has_fp8_handler": False,
+              "has_lomo_optimizer": False, "fp8_backend": "NO", "is_composable_parallelism_enabled": False,
+              "is_fsdp2": False, "multi_device": False, "native_amp": False, "scaler": None}
+
+
+def test_values_of_features_not_in_use():
+    acc = MemoryGroup(1).accelerator(0)
+    assert {name: getattr(acc, name) for name in NOT_IN_USE} == NOT_IN_USE
+
+
+def test_counters_flags_and_views():
+    acc = MemoryGroup(1).accelerator(0, project_config=ProjectConfiguration(iteration=3), log_with=[])
+    assert (acc.save_iteration, acc.step, acc.should_save_model, acc.log_with) == (3, 0, True, [])
+    acc.unscale_gradients()  # nothing to unscale without a loss scaler
+    assert acc.verify_device_map(object()) is False
+
+
+class _Dispatched:
+    hf_device_map = {"layer.0": "cpu", "layer.1": "disk"}
+
+
+def test_verify_device_map_sees_a_model_spread_over_devices():
+    assert MemoryGroup(1).accelerator(0).verify_device_map(_Dispatched()) is True
+
+
+def test_what_unified_does_not_have_is_a_clear_error():
+    acc = MemoryGroup(1).accelerator(0)
+    for name in ("data_parallel_rank", "data_parallel_shard_rank", "tensor_parallel_rank"):
+        with pytest.raises(RuntimeError, match="process_index"):
+            getattr(acc, name)
+    for name in ("pipeline_parallel_rank", "context_parallel_rank"):
+        with pytest.raises(NotImplementedError, match="Accelerate, which does not support it either"):
+            getattr(acc, name)
+    with pytest.raises(NotImplementedError, match="torch.profiler.profile"):
+        acc.profile()
+    with pytest.raises(NotImplementedError, match="accelerator.backward"):
+        acc.lomo_backward(None, 0.1)
+    with pytest.raises(NotImplementedError, match="accumulate"):
+        acc.trigger_sync_in_backward(None)
+
+
+def test_context_managers_that_do_nothing_here():
+    acc = MemoryGroup(1).accelerator(0)
+    with acc.join_uneven_inputs([object()]), acc.maybe_context_parallel():
+        pass
+    with pytest.raises(NotImplementedError, match="even batches"):
+        with acc.join_uneven_inputs([], even_batches=False):
+            pass
+    loader = object()
+    assert acc.deepspeed_ulysses_dl_adapter(loader, None) is loader
+
+
+def test_split_between_processes_in_a_group_of_three():
+    def body(acc):
+        with acc.split_between_processes(list("abcde")) as letters, \
+                acc.split_between_processes({"x": np.arange(5), "y": list("vwxyz")}) as columns, \
+                acc.split_between_processes(list("abcd"), apply_padding=True) as padded:
+            return letters, columns["x"].tolist(), columns["y"], padded
+
+    _, results = run_group(3, body)
+    assert unwrap(results) == [(["a", "b"], [0, 1], ["v", "w"], ["a", "b"]),
+                               (["c", "d"], [2, 3], ["x", "y"], ["c", "c"]),
+                               (["e"], [4], ["z"], ["d", "d"])]
+
+
+def test_split_between_processes_refuses_uneven_dict_values():
+    def body(acc):
+        with acc.split_between_processes({"x": [1, 2], "y": [1]}):
+            pass
+
+    _, results = run_group(2, body)
+    assert all(isinstance(r, ValueError) and "same length" in str(r) for r in results)
+
+
+def test_gradient_accumulation_plugin_and_features_not_in_use_in_the_constructor():
+    from unified.utils import GradientAccumulationPlugin
+
+
+    with pytest.raises(ValueError, match="only pass one of"):
+        MemoryGroup(1).accelerator(0, gradient_accumulation_steps=2,
+                                   gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+    with pytest.raises(NotImplementedError, match="sync_each_batch"):
+        MemoryGroup(1).accelerator(0, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1,
+                                                                                              sync_each_batch=True))
+    acc = MemoryGroup(1).accelerator(0, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1),
+                                     deepspeed_plugin=None, dynamo_backend="no", parallelism_config=None)
+    assert acc.gradient_accumulation_steps == 1
+    with pytest.raises(NotImplementedError, match="fsdp_plugin"):
+        MemoryGroup(1).accelerator(0, deepspeed_plugin=object())
+    with pytest.raises(NotImplementedError, match="torch.compile"):
+        MemoryGroup(1).accelerator(0, dynamo_backend="inductor")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'fp16'"):
+        MemoryGroup(1).accelerator(0, fp16=True)

@@ -29,7 +29,7 @@ ROOTS = ("unified", "backends")
 # ValueError ending with see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a
 # BackendUnavailable ending with see("private-api-changed").
 SELF_LINKED = {"changed", "BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
-               "_commit_error", "checksum_mismatch", "size_mismatch", "cannot_open", "_ended", "_rows_error"}
+               "_commit_error", "_unsupported", "checksum_mismatch", "size_mismatch", "cannot_open", "_ended", "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 

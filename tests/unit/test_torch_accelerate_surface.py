@@ -81,3 +81,28 @@ def test_save_in_torch_format_and_as_safetensors(tmp_path, accelerator):
 
     with safe_open(str(tmp_path / "w.safetensors"), "pt") as handle:  # as transformers reads it
         assert handle.metadata() == {"format": "pt"} and torch.equal(handle.get_tensor("w"), state["w"])
+
+
+def test_get_state_dict_clip_grad_value_and_no_sync(accelerator):
+    model = torch.nn.Linear(2, 1)
+    model = accelerator.prepare(model)
+    state = accelerator.get_state_dict(model)
+    assert set(state) == {"weight", "bias"} and torch.equal(state["weight"], model.weight)
+    with accelerator.no_sync(model):  # one process: nothing to hold back, gradients still computed
+        accelerator.backward((model(torch.ones(1, 2)) * 100).sum())
+    accelerator.clip_grad_value_(model.parameters(), 0.5)
+    assert model.weight.grad.abs().max().item() == pytest.approx(0.5)
+    assert accelerator.native_amp is False and accelerator.scaler is None and accelerator.is_fsdp2 is False
+
+
+def test_reduce_ignores_scale_as_accelerate_does_off_xla(accelerator):
+    with pytest.warns(UserWarning, match="ignored"):
+        assert accelerator.reduce(torch.tensor([2.0]), "sum", scale=3.0).item() == 2.0
+
+
+def test_gradient_accumulation_plugin_sets_the_steps():
+    from unified.utils import GradientAccumulationPlugin
+
+    acc = Accelerator(backend="torch", gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=4))
+    assert acc.gradient_accumulation_steps == 4 and acc.gradient_state.num_steps == 4
+    acc.end_training()
