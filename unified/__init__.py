@@ -17,6 +17,7 @@ from .sharding import FullyShardedDataParallelPlugin
 from .logging import get_logger, tqdm
 from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
                      UnifiedError)
+from .kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
 from .preemption import PREEMPTED_EXIT_CODE
 from . import utils
 
@@ -24,6 +25,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Accelerator",
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
     "Backend",
     "BackendUnavailable",
     "BarrierTimeout",

@@ -16,6 +16,8 @@ from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
+from .kwargs_handlers import options_of, resolve_handlers
+from .operations import set_current
 from .metrics import Metrics
 from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_handle_preemption
 from .registry import create_backend, resolve_backend_name
@@ -56,6 +58,8 @@ class Accelerator(AccelerateSurface):
             optimizer state over every process instead of replicating them (docs/sharding.md).
         step_scheduler_with_optimizer: as in Accelerate: True steps a prepared LR scheduler only
             when the optimizer stepped (``num_processes`` times); False once per ``step()``.
+        kwargs_handlers: Accelerate's `unified.kwargs_handlers` (DDP's, ``GradScaler``'s and
+            autocast's keyword arguments; ``InitProcessGroupKwargs(timeout=...)`` as ``timeout``).
         dataloader_config: Accelerate's `unified.utils.DataLoaderConfiguration` (what unified's
             loaders do, and the values it refuses).
         handle_preemption: SIGTERM or SIGUSR1 to any process (what schedulers send before they
@@ -86,7 +90,12 @@ class Accelerator(AccelerateSurface):
         step_scheduler_with_optimizer: bool = True,
         **accelerate_kwargs: Any,
     ) -> None:
+        handlers = resolve_handlers(accelerate_kwargs.pop("kwargs_handlers", None))
         gradient_accumulation_steps = check_accelerate_kwargs(accelerate_kwargs, gradient_accumulation_steps)
+        self.ddp_handler, self.scaler_handler = handlers.ddp_handler, handlers.scaler_handler
+        self.init_handler, self.autocast_handler = handlers.init_handler, handlers.autocast_handler
+        if handlers.timeout is not None and timeout == DEFAULT_TIMEOUT:
+            timeout = handlers.timeout  # InitProcessGroupKwargs(timeout=...), as Accelerate's process group takes it
         self.dataloader_config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
         self.dataloader_config.check()
         self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
@@ -99,6 +108,7 @@ class Accelerator(AccelerateSurface):
         else:
             self._backend = create_backend(resolve_backend_name(backend))
         self._loop = _loop_backend(self._backend, self.mixed_precision, self.gradient_state.num_steps)
+        _check_handlers(self._backend, [self.ddp_handler, self.scaler_handler, self.autocast_handler])
         self.fsdp_plugin = _sharding_backend(self._backend, fsdp_plugin)
         self._backend.start(float(timeout))
         self._collectives = Collectives(self._backend, timeout)
@@ -116,6 +126,7 @@ class Accelerator(AccelerateSurface):
         if seed is not None:
             set_seed(seed, backend=self._backend)
         self._init_state()
+        set_current(self)  # for unified.utils' function forms of the collectives
 
     def _start_watchdog(self, timeout: float) -> Optional[Watchdog]:
         """Tell every process when the group broke, and end the ones that cannot raise."""
@@ -138,8 +149,11 @@ class Accelerator(AccelerateSurface):
         self._load_state_pre_hooks: Dict[int, Callable[..., None]] = {}
         self._metrics = Metrics(self._collectives)
         if self._loop is not None:
-            self._loop.configure_loop(LoopSettings(self.mixed_precision, self.gradient_state, self.num_processes,
-                                                   self.step_scheduler_with_optimizer))
+            self._loop.configure_loop(LoopSettings(
+                self.mixed_precision, self.gradient_state, self.num_processes, self.step_scheduler_with_optimizer,
+                data_parallel_options=options_of(self.ddp_handler), loss_scaler_options=options_of(self.scaler_handler),
+                autocast_options=options_of(self.autocast_handler)))
+
             self._checkpoint_loop_state()
 
     def _checkpoint_loop_state(self) -> None:
@@ -883,6 +897,17 @@ class Accelerator(AccelerateSurface):
             f"Accelerator(backend={self.backend!r}, process {self.process_index}/{self.num_processes}, "
             f"device={self.device})"
         )
+
+
+def _check_handlers(backend: Backend, handlers: List[Any]) -> None:
+    """Each kwargs handler given must be one the backend applies (torch's DDP, GradScaler and
+    autocast options mean nothing to JAX)."""
+    accepted = backend.kwargs_handlers if isinstance(backend, TrainingLoop) else ()
+    for handler in handlers:
+        if handler is not None and type(handler).__name__ not in accepted:
+            raise NotImplementedError(f"kwargs_handlers: {type(handler).__name__} means nothing to the {backend.name!r} "
+                                      f"backend (it applies {', '.join(accepted) or 'none'}); remove it."
+                                      + see("not-supported-yet"))
 
 
 def _check_device_placement(device_placement: Any) -> None:

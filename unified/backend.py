@@ -382,6 +382,8 @@ class TrainingLoop(abc.ABC):
 
     # the ``mixed_precision`` values this backend honours ("no" always)
     mixed_precisions: Tuple[str, ...] = ("no",)
+    # the kwargs handlers (`unified.kwargs_handlers`, by class name) whose options it applies
+    kwargs_handlers: Tuple[str, ...] = ()
 
     @abc.abstractmethod
     def configure_loop(self, settings: Any) -> None: ...

@@ -69,7 +69,6 @@ _ACCELERATE_KWARGS = {
     "dispatch_batches": ((None, False), "every process reads its own share"),
     "even_batches": ((True,), "prepared loaders are always even"),
     "device_placement": ((True,), "prepared objects are always placed on accelerator.device"),
-    "kwargs_handlers": ((None, []), "DDP, GradScaler, InitProcessGroup and autocast keep unified's settings"),
     "rng_types": ((None,), "every generator is saved and restored; none is synchronised per batch"),
     "deepspeed_plugin": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
     "deepspeed_plugins": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
@@ -115,13 +114,10 @@ def _unsupported(what: str, instead: str) -> NotImplementedError:
 class AccelerateSurface:
     """Mixed into `unified.Accelerator`; relies on its identity properties and ``_backend``."""
 
-    # Accelerate's handlers and plugins of features unified does not have (kwargs_handlers,
-    # DeepSpeed, fp8, LOMO, parallelism_config, dynamo): always their "not in use" value, as on
-    # an Accelerate run that does not use them.
-    ddp_handler = None
-    scaler_handler = None
-    init_handler = None
-    autocast_handler = None
+    # Accelerate's handlers and plugins of features unified does not have (DeepSpeed, fp8, LOMO,
+    # parallelism_config, dynamo, profiling): always their "not in use" value, as on an
+    # Accelerate run that does not use them. The four kwargs handlers unified takes are set by
+    # the constructor (see `unified.kwargs_handlers`).
     profile_handler = None
     fp8_recipe_handler = None
     ao_recipe_handler = None

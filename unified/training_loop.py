@@ -131,6 +131,11 @@ class LoopSettings:
     # Accelerate's ``step_scheduler_with_optimizer``: False steps a prepared scheduler once per
     # ``step()`` call, whatever the optimizer did
     step_scheduler_with_optimizer: bool = True
+    # from ``kwargs_handlers`` (`unified.kwargs_handlers`): the fields that differ from their
+    # defaults, for the framework's data-parallel wrapper, loss scaler and autocast
+    data_parallel_options: Dict[str, Any] = field(default_factory=dict)
+    loss_scaler_options: Dict[str, Any] = field(default_factory=dict)
+    autocast_options: Dict[str, Any] = field(default_factory=dict)
 
 
 def scheduler_steps(settings: LoopSettings) -> int:

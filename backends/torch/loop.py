@@ -30,6 +30,7 @@ class TorchTrainingLoop(TrainingLoop):
     """Mixed into `TorchBackend`: what `unified.backend.TrainingLoop` asks of torch."""
 
     mixed_precisions = ("no", "fp16", "bf16")
+    kwargs_handlers = ("DistributedDataParallelKwargs", "GradScalerKwargs", "AutocastKwargs")
     _loop: Optional[LoopSettings] = None
     _scaler: Optional[Any] = None
 
@@ -38,7 +39,7 @@ class TorchTrainingLoop(TrainingLoop):
         self._loop_models: List[Any] = []
         self._loop_optimizers: List["PreparedOptimizer"] = []
         if settings.mixed_precision == "fp16":
-            self._scaler = torch.amp.GradScaler(self.device.type)
+            self._scaler = torch.amp.GradScaler(self.device.type, **settings.loss_scaler_options)
 
     @property
     def _gradients(self) -> GradientState:
@@ -50,7 +51,8 @@ class TorchTrainingLoop(TrainingLoop):
         dtype = _DTYPES.get(self._loop.mixed_precision if self._loop else "no")
         if dtype is not None and "_unified_original_forward" not in model.__dict__:
             model._unified_original_forward = model.forward
-            model.forward = types.MethodType(_autocast_forward(model.forward.__func__, self.device.type, dtype), model)
+            model.forward = types.MethodType(_autocast_forward(model.forward.__func__, self.device.type, dtype,
+                                                               self._loop.autocast_options), model)
         return model
 
     def loop_prepared_model(self, model: Any) -> None:
@@ -81,7 +83,9 @@ class TorchTrainingLoop(TrainingLoop):
     # -- inside the loop --------------------------------------------------------------------------
     def autocast(self) -> Any:
         dtype = _DTYPES.get(self._loop.mixed_precision if self._loop else "no")
-        return torch.autocast(self.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype, **(self._loop.autocast_options if self._loop else {}))
 
     def loss_for_backward(self, loss: Any) -> Any:
         """The loss divided by the accumulation steps, scaled under fp16."""
@@ -173,12 +177,14 @@ class TorchTrainingLoop(TrainingLoop):
                 p.grad = None if grad is None else grad.detach().to(device=p.device, dtype=p.dtype).clone()
 
 
-def _autocast_forward(forward: Callable[..., Any], device_type: str, dtype: Any) -> Callable[..., Any]:
-    """``forward`` under ``torch.autocast``, its floating outputs back in float32 (as Accelerate)."""
+def _autocast_forward(forward: Callable[..., Any], device_type: str, dtype: Any,
+                      options: Dict[str, Any]) -> Callable[..., Any]:
+    """``forward`` under ``torch.autocast`` (with ``options``: ``AutocastKwargs``), its floating
+    outputs back in float32 (as Accelerate)."""
 
     @functools.wraps(forward)
     def autocast_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=dtype):
+        with torch.autocast(device_type, dtype=dtype, **options):
             outputs = forward(self, *args, **kwargs)
         return _to_float32(outputs)
 

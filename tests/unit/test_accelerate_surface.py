@@ -256,3 +256,84 @@ def test_gradient_accumulation_plugin_and_features_not_in_use_in_the_constructor
         MemoryGroup(1).accelerator(0, dynamo_backend="inductor")
     with pytest.raises(TypeError, match="unexpected keyword argument 'fp16'"):
         MemoryGroup(1).accelerator(0, fp16=True)
+
+
+def test_kwargs_handlers_are_checked_against_the_backend():
+    import datetime
+
+    from unified.kwargs_handlers import (AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs,
+                                         resolve_handlers)
+
+    assert DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs() == {"find_unused_parameters": True}
+    from unified import Accelerator
+
+    acc = Accelerator(backend=MemoryGroup(1).backends[0],
+                      kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=42))])
+    assert acc._collectives.timeout == 42.0 and acc.init_handler is not None and acc.ddp_handler is None
+    with pytest.raises(NotImplementedError, match="means nothing to the 'memory' backend"):
+        MemoryGroup(1).accelerator(0, kwargs_handlers=[AutocastKwargs(cache_enabled=False)])
+    with pytest.raises(NotImplementedError, match="comm_hook"):
+        resolve_handlers([DistributedDataParallelKwargs(comm_hook="fp16")])
+    with pytest.raises(NotImplementedError, match="init_method"):
+        resolve_handlers([InitProcessGroupKwargs(init_method="tcp://127.0.0.1:1")])
+    with pytest.raises(ValueError, match="only pass one"):
+        resolve_handlers([InitProcessGroupKwargs(), InitProcessGroupKwargs()])
+    with pytest.raises(NotImplementedError, match="ProfileKwargs"):
+        resolve_handlers([type("ProfileKwargs", (), {"to_kwargs": lambda self: {}})()])
+
+
+def test_function_forms_of_the_collectives_act_through_the_live_accelerator():
+    from unified import utils
+
+    def body(acc):
+        rank = acc.process_index
+        gathered = utils.gather_object([rank, f"r{rank}"])
+        shared = utils.broadcast_object_list([rank, "x"], from_process=1)
+        total = utils.reduce(np.array([float(rank)]), "sum")
+        acc.end_training()
+        try:
+            utils.gather_object([rank])
+        except RuntimeError as err:
+            after = str(err)
+        return gathered, shared, total.tolist(), after
+
+    _, results = run_group(2, body)
+    for gathered, shared, total, after in unwrap(results):
+        assert gathered == [0, "r0", 1, "r1"] and shared == [1, "x"] and total == [1.0]
+        assert "live Accelerator" in after
+
+
+def test_find_executable_batch_size_retries_smaller_on_out_of_memory():
+    from unified.utils import find_executable_batch_size, release_memory
+
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size, scale):
+        tried.append(batch_size)
+        if batch_size > 40:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return batch_size * scale
+
+    assert train(2) == 80 and tried == [64, 57, 51, 45, 40]  # x0.9 each time, as Accelerate
+    with pytest.raises(TypeError, match="as the first argument"):
+        train(64, 2)
+
+    @find_executable_batch_size(starting_batch_size=4)
+    def broken(batch_size):
+        raise ValueError("not memory")
+
+    with pytest.raises(ValueError, match="not memory"):
+        broken()
+    assert release_memory(object(), object()) == [None, None]
+
+
+def test_patch_environment_restores_what_was_there(monkeypatch):
+    import os
+
+    from unified.utils import patch_environment
+
+    monkeypatch.setenv("UNIFIED_PROBE", "before")
+    with patch_environment(unified_probe=1, unified_new="x"):
+        assert os.environ["UNIFIED_PROBE"] == "1" and os.environ["UNIFIED_NEW"] == "x"
+    assert os.environ["UNIFIED_PROBE"] == "before" and "UNIFIED_NEW" not in os.environ

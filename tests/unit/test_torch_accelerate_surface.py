@@ -106,3 +106,26 @@ def test_gradient_accumulation_plugin_sets_the_steps():
     acc = Accelerator(backend="torch", gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=4))
     assert acc.gradient_accumulation_steps == 4 and acc.gradient_state.num_steps == 4
     acc.end_training()
+
+
+def test_kwargs_handlers_reach_torch(monkeypatch):
+    from backends.torch import core
+    from unified.kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
+
+    seen = {}
+
+    def ddp_init(self, module, **kwargs):  # DDP needs a process group: record what it was given
+        seen.update(kwargs)
+        torch.nn.Module.__init__(self)
+        self.module = module
+
+    monkeypatch.setattr(core._DistributedModel, "__init__", ddp_init)
+    acc = Accelerator(backend="torch", mixed_precision="fp16", kwargs_handlers=[
+        DistributedDataParallelKwargs(find_unused_parameters=True), GradScalerKwargs(init_scale=1024.0),
+        AutocastKwargs(cache_enabled=False)])
+    acc._backend.num_processes = 2  # as in a group: prepare wraps the model in DDP
+    acc.prepare(torch.nn.Linear(2, 2))
+    assert seen["find_unused_parameters"] is True and "bucket_cap_mb" not in seen  # only what differs
+    assert acc.scaler.get_scale() == 1024.0 and acc.ddp_handler.find_unused_parameters
+    acc._backend.num_processes = 1
+    acc.end_training()
