@@ -272,8 +272,32 @@ class MLflowTracker(GeneralTracker):
                 metrics.append(Metric(key, float(value), now, step or 0))
             else:
                 _skipped(self.name, key, value)
-        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            self._client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):  # kwargs: `log_kwargs={"mlflow": {...}}` (synchronous=)
+            self._client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH], **kwargs)
+
+    def log_artifact(self, local_path: Union[str, os.PathLike], artifact_path: Optional[str] = None) -> None:
+        """Store the file ``local_path`` with the run (under ``artifact_path``), as Accelerate's.
+
+        Example:
+            >>> accelerator.get_tracker("mlflow").log_artifact("config.yaml", artifact_path="configs")   # doctest: +SKIP
+        """
+        self._client.log_artifact(self.run_id, os.fspath(local_path), artifact_path)
+
+    def log_artifacts(self, local_dir: Union[str, os.PathLike], artifact_path: Optional[str] = None) -> None:
+        """Store every file of the folder ``local_dir`` with the run, as Accelerate's.
+
+        Example:
+            >>> accelerator.get_tracker("mlflow").log_artifacts("plots", artifact_path="plots")   # doctest: +SKIP
+        """
+        self._client.log_artifacts(self.run_id, os.fspath(local_dir), artifact_path)
+
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Store a matplotlib or plotly ``figure`` with the run as ``artifact_file``, as Accelerate's.
+
+        Example:
+            >>> accelerator.get_tracker("mlflow").log_figure(fig, "loss.png")   # doctest: +SKIP
+        """
+        self._client.log_figure(self.run_id, figure, artifact_file, save_kwargs=save_kwargs or None)
 
     def finish(self) -> None:
         if self.active_run is None:
