@@ -195,10 +195,12 @@ def ckpt_first_run(state: dict) -> dict:
     final = run.param_hash()
     # naming, retention and collision checks on top of the run's own checkpoint
     more = [acc.save_state() for _ in range(3)]
-    acc.end_training()  # older checkpoints go once the newest is on disk (fsynced): at the latest here
+    # when a synchronous save_state returns, retention has run (the checkpoint is durable first)
     listing = sorted(os.listdir(_shared("project", "checkpoints")))
+    project = sorted(os.listdir(_shared("project")))  # nothing of ours beside what Accelerate writes
+    acc.end_training()
     return {"saved": saved, "after_save_draws": after_save, "final_hash": final, "hashes": hashes,
-            "more": more, "listing": listing, "iteration": acc.project_configuration.iteration}
+            "more": more, "listing": listing, "project": project, "iteration": acc.project_configuration.iteration}
 
 
 def ckpt_resume_run(state: dict) -> dict:
@@ -236,13 +238,28 @@ def ckpt_explicit_dir(state: dict) -> dict:
     run.step()
     acc.save_state(target)
     run.step()
+    seen = {}
+
+    def save_hook(models, weights, output_dir):  # Accelerate's hook: writes into the checkpoint
+        seen["save"] = [len(models), len(weights)]
+        if acc.is_main_process:
+            with open(os.path.join(output_dir, "hook.json"), "w") as handle:
+                json.dump({"models": len(models)}, handle)
+
+    def load_hook(models, input_dir):
+        with open(os.path.join(input_dir, "hook.json")) as handle:
+            seen["load"] = json.load(handle)["models"]
+
+    handles = [acc.register_save_state_pre_hook(save_hook), acc.register_load_state_pre_hook(load_hook)]
     acc.save_state(target)
     second = run.param_hash()
     run.step()
     acc.load_state(target)
+    for handle in handles:
+        handle.remove()
     siblings = sorted(os.listdir(os.path.dirname(target)))
     return {"hash_second": second, "hash_loaded": run.param_hash(), "siblings": siblings,
-            "files": sorted(os.listdir(target))}
+            "files": sorted(os.listdir(target)), "hooks": seen}
 
 
 class _UnsaveableOnMain:

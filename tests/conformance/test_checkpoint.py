@@ -60,7 +60,8 @@ def test_automatic_naming_retention_and_iteration(resumed):
     main = first[0]
     assert main["saved"].endswith(os.path.join("checkpoints", "checkpoint_0"))
     assert [os.path.basename(p) for p in main["more"]] == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
-    assert main["listing"] == ["checkpoint_2", "checkpoint_3"]  # total_limit=2, numeric order
+    assert main["listing"] == ["checkpoint_2", "checkpoint_3"]  # total_limit=2, applied when save_state returned
+    assert main["project"] == ["checkpoints"]  # no lock file or other entry of ours
     assert main["iteration"] == 4
     # Loading checkpoint_0 explicitly still puts the counter past the newest in the folder.
     resumed_main = second[0]
@@ -76,6 +77,9 @@ def test_saving_into_an_existing_directory_replaces_it_whole(resumed):
         assert r["hash_loaded"] == r["hash_second"]
         assert [s for s in r["siblings"] if s.startswith(".")] == []  # no temporaries left behind
         assert "manifest.json" in r["files"]
+        # Accelerate's save/load-state hooks: the save hook's file is committed with the checkpoint
+        assert "hook.json" in r["files"] and r["hooks"]["save"][0] == r["hooks"]["save"][1] >= 1
+        assert r["hooks"]["load"] == r["hooks"]["save"][0]
 
 
 def test_a_failed_snapshot_fails_save_state_everywhere_with_the_reason(resumed):
