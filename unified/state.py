@@ -2,7 +2,7 @@
 prints), a read-only view of one `Accelerator`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from .accelerator import Accelerator

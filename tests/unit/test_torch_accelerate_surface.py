@@ -10,48 +10,41 @@ torch = pytest.importorskip("torch")
 from unified import Accelerator  # noqa: E402
 
 
-@pytest.fixture
-def accelerator():
-    acc = Accelerator(backend="torch")
-    yield acc
-    acc.end_training()
-
-
-def test_prepare_model_and_friends_track_once(accelerator):
+def test_prepare_model_and_friends_track_once(torch_accelerator):
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-    prepared = accelerator.prepare_model(model)
-    assert accelerator.prepare_model(prepared) is prepared and len(accelerator._models) == 1
-    prepared_optimizer = accelerator.prepare_optimizer(optimizer)
-    prepared_scheduler = accelerator.prepare_scheduler(scheduler)
-    assert accelerator._optimizers == [prepared_optimizer] and accelerator._schedulers == [prepared_scheduler]
-    assert [e.name for e in accelerator._checkpoints.entries] == ["model_0", "optimizer_0", "scheduler_0"]
+    prepared = torch_accelerator.prepare_model(model)
+    assert torch_accelerator.prepare_model(prepared) is prepared and len(torch_accelerator._models) == 1
+    prepared_optimizer = torch_accelerator.prepare_optimizer(optimizer)
+    prepared_scheduler = torch_accelerator.prepare_scheduler(scheduler)
+    assert torch_accelerator._optimizers == [prepared_optimizer] and torch_accelerator._schedulers == [prepared_scheduler]
+    assert [e.name for e in torch_accelerator._checkpoints.entries] == ["model_0", "optimizer_0", "scheduler_0"]
     with pytest.raises(TypeError, match="not a model"):
-        accelerator.prepare_model(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
+        torch_accelerator.prepare_model(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
     with pytest.raises(NotImplementedError, match="evaluation_mode"):
-        accelerator.prepare_model(model, evaluation_mode=True)
+        torch_accelerator.prepare_model(model, evaluation_mode=True)
 
 
-def test_gradient_accumulation_steps_set_later_divides_the_loss_and_is_checkpointed(accelerator):
+def test_gradient_accumulation_steps_set_later_divides_the_loss_and_is_checkpointed(torch_accelerator):
     model = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.ones_(model.weight)
-    model = accelerator.prepare(model)
-    accelerator.gradient_accumulation_steps = 2
-    with accelerator.accumulate(model):
-        accelerator.backward(model(torch.ones(1, 1)).sum())
+    model = torch_accelerator.prepare(model)
+    torch_accelerator.gradient_accumulation_steps = 2
+    with torch_accelerator.accumulate(model):
+        torch_accelerator.backward(model(torch.ones(1, 1)).sum())
     assert model.weight.grad.item() == pytest.approx(0.5)  # divided by the new steps
-    assert "training_loop" in [e.name for e in accelerator._checkpoints.entries]
+    assert "training_loop" in [e.name for e in torch_accelerator._checkpoints.entries]
     with pytest.raises(ValueError, match="integer >= 1"):
-        accelerator.gradient_accumulation_steps = 0
+        torch_accelerator.gradient_accumulation_steps = 0
 
 
-def test_unwrap_model_keeps_torch_compile_unless_asked(accelerator):
+def test_unwrap_model_keeps_torch_compile_unless_asked(torch_accelerator):
     model = torch.nn.Linear(2, 2)
     compiled = torch.compile(torch.nn.DataParallel(model))
-    kept = accelerator.unwrap_model(compiled)
+    kept = torch_accelerator.unwrap_model(compiled)
     assert kept is compiled and kept._orig_mod is model  # as Accelerate's keep_torch_compile=True
-    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+    assert torch_accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
 
 
 @pytest.mark.parametrize("with_optimizer", [True, False])
@@ -72,32 +65,32 @@ def test_step_scheduler_with_optimizer(with_optimizer):
     acc.end_training()
 
 
-def test_save_in_torch_format_and_as_safetensors(tmp_path, accelerator):
+def test_save_in_torch_format_and_as_safetensors(tmp_path, torch_accelerator):
     state = {"w": torch.arange(3.0)}
-    accelerator.save(state, tmp_path / "w.bin")
+    torch_accelerator.save(state, tmp_path / "w.bin")
     assert torch.equal(torch.load(tmp_path / "w.bin", weights_only=True)["w"], state["w"])
-    accelerator.save(state, tmp_path / "w.safetensors", safe_serialization=True)
+    torch_accelerator.save(state, tmp_path / "w.safetensors", safe_serialization=True)
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "w.safetensors"), "pt") as handle:  # as transformers reads it
         assert handle.metadata() == {"format": "pt"} and torch.equal(handle.get_tensor("w"), state["w"])
 
 
-def test_get_state_dict_clip_grad_value_and_no_sync(accelerator):
+def test_get_state_dict_clip_grad_value_and_no_sync(torch_accelerator):
     model = torch.nn.Linear(2, 1)
-    model = accelerator.prepare(model)
-    state = accelerator.get_state_dict(model)
+    model = torch_accelerator.prepare(model)
+    state = torch_accelerator.get_state_dict(model)
     assert set(state) == {"weight", "bias"} and torch.equal(state["weight"], model.weight)
-    with accelerator.no_sync(model):  # one process: nothing to hold back, gradients still computed
-        accelerator.backward((model(torch.ones(1, 2)) * 100).sum())
-    accelerator.clip_grad_value_(model.parameters(), 0.5)
+    with torch_accelerator.no_sync(model):  # one process: nothing to hold back, gradients still computed
+        torch_accelerator.backward((model(torch.ones(1, 2)) * 100).sum())
+    torch_accelerator.clip_grad_value_(model.parameters(), 0.5)
     assert model.weight.grad.abs().max().item() == pytest.approx(0.5)
-    assert accelerator.native_amp is False and accelerator.scaler is None and accelerator.is_fsdp2 is False
+    assert torch_accelerator.native_amp is False and torch_accelerator.scaler is None and torch_accelerator.is_fsdp2 is False
 
 
-def test_reduce_ignores_scale_as_accelerate_does_off_xla(accelerator):
+def test_reduce_ignores_scale_as_accelerate_does_off_xla(torch_accelerator):
     with pytest.warns(UserWarning, match="ignored"):
-        assert accelerator.reduce(torch.tensor([2.0]), "sum", scale=3.0).item() == 2.0
+        assert torch_accelerator.reduce(torch.tensor([2.0]), "sum", scale=3.0).item() == 2.0
 
 
 def test_gradient_accumulation_plugin_sets_the_steps():

@@ -25,20 +25,13 @@ def _step(model, optimizer):
     optimizer.zero_grad()
 
 
-@pytest.fixture
-def accelerator():
-    acc = Accelerator(backend="torch")
-    yield acc
-    acc.end_training()
-
-
-def test_a_step_zero_checkpoint_loads_into_a_stepped_optimizer(tmp_path, accelerator):
-    model, optimizer = accelerator.prepare(*_objects())
+def test_a_step_zero_checkpoint_loads_into_a_stepped_optimizer(tmp_path, torch_accelerator):
+    model, optimizer = torch_accelerator.prepare(*_objects())
     saved_params = copy.deepcopy(model.state_dict())
-    accelerator.save_state(str(tmp_path / "step0"), safe_serialization=True)
+    torch_accelerator.save_state(str(tmp_path / "step0"), safe_serialization=True)
     _step(model, optimizer)
     assert optimizer.state_dict()["state"]  # Adam now holds step, exp_avg, exp_avg_sq
-    accelerator.load_state(str(tmp_path / "step0"))
+    torch_accelerator.load_state(str(tmp_path / "step0"))
     assert optimizer.state_dict()["state"] == {}  # as torch's load_state_dict leaves it
     assert all(torch.equal(v, saved_params[k]) for k, v in model.state_dict().items())
     _step(model, optimizer)  # and it trains on from there
