@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from unified import CheckpointError, ProjectConfiguration
-from unified.checkpoint import lock
 
 from .memory_backend import MemoryGroup
 
