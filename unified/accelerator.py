@@ -88,9 +88,10 @@ class Accelerator(AccelerateSurface):
         handle_preemption: Optional[bool] = None,
         dataloader_config: Optional[DataLoaderConfiguration] = None,
         step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Optional[List[Any]] = None,
         **accelerate_kwargs: Any,
     ) -> None:
-        handlers = resolve_handlers(accelerate_kwargs.pop("kwargs_handlers", None))
+        handlers = resolve_handlers(kwargs_handlers)
         gradient_accumulation_steps = check_accelerate_kwargs(accelerate_kwargs, gradient_accumulation_steps)
         self.ddp_handler, self.scaler_handler = handlers.ddp_handler, handlers.scaler_handler
         self.init_handler, self.autocast_handler = handlers.init_handler, handlers.autocast_handler
