@@ -698,7 +698,8 @@ class Accelerator(AccelerateSurface):
         try:
             save_arrays_gathered(path if self.is_main_process and failure is None else None, self._backend, state,
                                  lambda value, name: self._collectives.keyed(
-                                     f"save_model ({name})", lambda key, timeout: sharded.full_array(value, key, timeout)))
+                                     f"save_model ({name})", lambda key, timeout: sharded.full_array(value, key, timeout)),
+                                 metadata=self._backend.weights_metadata)
         except (OSError, ValueError) as err:
             failure = err
         failed = self._collectives.share_failure(failure, "save_model (written)")

@@ -174,16 +174,19 @@ def fsdp_train_save(state: dict) -> dict:
             json.dump(values, handle)
     listing = sorted(os.listdir(os.path.join(path, "sharded.dcp")))
     exported = acc.save_model(model, _shared(f"export_{n}"))
-    export_diff = None
+    export_diff = export_metadata = None
     if acc.is_main_process:
+        from safetensors import safe_open
         from safetensors.numpy import load_file
 
         export_diff = _diff({k: v.tolist() for k, v in load_file(exported).items()}, values["params"])
+        with safe_open(exported, "np") as handle:  # transformers' loaders check {"format": "pt"}
+            export_metadata = handle.metadata()
     _train(acc, model, optimizer, 1, start=STEPS)
     acc.save_state(_shared(f"fsdp_{n}_later"))  # a source of "a shard from another checkpoint"
     return {"sharded": sharded, "wrapped": wrapped, "param_diff": _diff(values["params"], ref_params),
             "norm_diff": max(abs(a - b) for a, b in zip(norms, ref_norms)), "listing": listing,
-            "export_diff": export_diff, "export_files": sorted(os.listdir(os.path.dirname(exported))),
+            "export_diff": export_diff, "export_metadata": export_metadata, "export_files": sorted(os.listdir(os.path.dirname(exported))),
             "dtype": str(next(model.parameters()).dtype), "torch": torch.__version__}
 
 

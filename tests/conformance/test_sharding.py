@@ -68,6 +68,7 @@ def test_save_model_writes_one_consolidated_safetensors_file(runs):
         main = runs[key][0]
         assert main["export_files"] == ["model.safetensors"], main
         assert main["export_diff"] == 0.0, main
+        assert main["export_metadata"] == {"format": "pt"}, main
 
 
 @pytest.mark.parametrize("case", ["2to3", "2to1", "3to2"])

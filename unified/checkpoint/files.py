@@ -29,8 +29,8 @@ def save_arrays(path: str, backend: Any, state: Any, metadata: Mapping[str, str]
     return safetensors_io.write(path, exported, metadata)
 
 
-def save_arrays_gathered(path: Optional[str], backend: Any, state: Any,
-                         whole: Callable[[Any, str], Any]) -> Optional[Dict[str, object]]:
+def save_arrays_gathered(path: Optional[str], backend: Any, state: Any, whole: Callable[[Any, str], Any],
+                         metadata: Mapping[str, str] = ()) -> Optional[Dict[str, object]]:
     """`save_arrays` for a model split across processes, run on every process: ``whole(value,
     name)`` (a collective) gives each array whole, one at a time in file order, so that no
     process holds more than one gathered array; only the process given a ``path`` writes."""
@@ -41,4 +41,4 @@ def save_arrays_gathered(path: Optional[str], backend: Any, state: Any,
             specs[name] = (safetensors_io.safetensors_dtype(value.dtype), tuple(value.shape))
         else:
             specs[name] = backend.describe_array(value)
-    return safetensors_io.write_one_by_one(path, specs, lambda name: whole(arrays[name], name))
+    return safetensors_io.write_one_by_one(path, specs, lambda name: whole(arrays[name], name), metadata)

@@ -144,7 +144,7 @@ def _layout(specs: Mapping[str, Tuple[str, Sequence[int], int]], metadata: Mappi
 
 
 def write_one_by_one(path: Optional[str], specs: Mapping[str, Tuple[str, Sequence[int]]],
-                     produce: Callable[[str], Any]) -> Optional[Dict[str, object]]:
+                     produce: Callable[[str], Any], metadata: Mapping[str, str] = ()) -> Optional[Dict[str, object]]:
     """Write a safetensors file whose arrays come one at a time: ``produce(name)`` returns one
     array (NumPy, of the dtype and shape in ``specs``), called once per name in file order, so
     that only one array is held at a time (`save_model` of a sharded model gathers each).
@@ -154,7 +154,7 @@ def write_one_by_one(path: Optional[str], specs: Mapping[str, Tuple[str, Sequenc
     """
     sizes = {name: (dtype, tuple(shape), int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize)
              for name, (dtype, shape) in specs.items()}
-    ordered, prefix = _layout(sizes)
+    ordered, prefix = _layout(sizes, metadata)
     if path is None:
         for name in ordered:
             produce(name)
