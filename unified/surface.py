@@ -177,8 +177,11 @@ class AccelerateSurface:
 
     @property
     def multi_device(self) -> bool:
-        """Accelerate's: several processes on accelerator devices (False on CPU)."""
-        return self.num_processes > 1 and str(self.distributed_type) not in ("MULTI_CPU", "NO")  # type: ignore[attr-defined]
+        """Accelerate's: several processes on accelerator devices (False on CPU, whatever the
+        group's distributed type)."""
+        device = self.device  # type: ignore[attr-defined]
+        kind = getattr(device, "platform", None) or getattr(device, "type", None) or str(device)  # JAX, torch
+        return self.num_processes > 1 and kind != "cpu"
 
     @property
     def native_amp(self) -> bool:

@@ -337,3 +337,14 @@ def test_patch_environment_restores_what_was_there(monkeypatch):
     with patch_environment(unified_probe=1, unified_new="x"):
         assert os.environ["UNIFIED_PROBE"] == "1" and os.environ["UNIFIED_NEW"] == "x"
     assert os.environ["UNIFIED_PROBE"] == "before" and "UNIFIED_NEW" not in os.environ
+
+
+def test_multi_device_is_false_for_a_group_on_cpu_whatever_its_distributed_type():
+    """A JAX group on CPU devices (distributed_type JAX) is not multi-device, as Accelerate's
+    MULTI_CPU is not (found by review: multi_device looked at the type's name only)."""
+    def body(acc):
+        acc._backend.group_distributed_type = "JAX"
+        return acc.multi_device
+
+    _, results = run_group(2, body)
+    assert unwrap(results) == [False, False]
