@@ -154,7 +154,6 @@ class Accelerator(AccelerateSurface):
                 self.mixed_precision, self.gradient_state, self.num_processes, self.step_scheduler_with_optimizer,
                 data_parallel_options=options_of(self.ddp_handler), loss_scaler_options=options_of(self.scaler_handler),
                 autocast_options=options_of(self.autocast_handler)))
-
             self._checkpoint_loop_state()
 
     def _checkpoint_loop_state(self) -> None:

@@ -140,7 +140,7 @@ def resolve_handlers(handlers: Optional[Iterable[Any]]) -> Handlers:
             raise ValueError(f"You can only pass one {type(handler).__name__} in `kwargs_handlers`." + see("not-supported-yet"))
         setattr(resolved, slot, handler)
     ddp = options_of(resolved.ddp_handler)
-    if str(getattr(ddp.get("comm_hook", "no"), "value", ddp.get("comm_hook", "no"))).lower() != "no" or "comm_wrapper" in ddp:
+    if "comm_hook" in ddp or "comm_wrapper" in ddp:  # `to_kwargs` keeps only what differs from the defaults
         raise NotImplementedError("DistributedDataParallelKwargs(comm_hook=...) is not supported by unified: DDP keeps "
                                   "its default all-reduce." + see("not-supported-yet"))
     init = options_of(resolved.init_handler)
