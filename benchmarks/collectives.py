@@ -19,7 +19,7 @@ What is compared:
   ``.item()`` included, as a hand-written trigger needs both).
 * jax: ``wait_for_everyone`` vs the coordination-service barrier
   ``global_state.client.wait_at_barrier(key, timeout_ms)``; ``check_trigger`` vs that same
-  barrier (our trigger is one barrier whose outcome carries the flag, backends/jax/flag_barrier.py).
+  barrier (our trigger is one barrier whose outcome carries the flag, backends/jax/control.py).
   For information: raw barrier + ``key_value_dir_get`` (the previous two-trip protocol) and a raw device
   all-reduce (one int32 per process via ``jax.make_array_from_process_local_data`` on
   ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function). The other "info"
@@ -181,7 +181,7 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
             accelerator.set_trigger()
         return accelerator.check_trigger()
 
-    client.wait_at_barrier("bench/flag", timeout_ms)  # counter 0 of the reused id: see flag_barrier.py
+    client.wait_at_barrier("bench/flag", timeout_ms)  # counter 0 of the reused id: see backends/jax/control.py
     backend = accelerator._backend
 
     def raw_barrier_bounded() -> None:
@@ -190,7 +190,7 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
         key = f"bench/raw #{counter[0]}"
         backend._answered(lambda: client.wait_at_barrier(key, timeout_ms), key, RAW_TIMEOUT_S)
 
-    from backends.jax.core import _Caller
+    from backends.jax.control import _Caller
 
     elsewhere = _Caller()
     elsewhere._core.thread_id = None  # a caller thread left wherever the scheduler puts it (before 2026-12-02)

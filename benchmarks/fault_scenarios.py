@@ -1,7 +1,7 @@
-"""Scenario functions of the fault benchmark (`benchmarks/faults.py`), run by the conformance worker
-(`tests/conformance/worker.py`, with UNIFIED_TEST_SCENARIOS="fault_scenarios,scenarios").
+"""Scenario functions of the fault benchmark (`benchmarks/faults.py`), run by the conformance suite's
+worker (`unified.testing.worker`; the benchmark puts this folder on the workers' PYTHONPATH).
 
-Same shape as ``tests/conformance/scenarios.py``: each takes the per-process ``state`` dict and
+Same shape as `unified.testing.scenarios`: each takes the per-process ``state`` dict and
 returns JSON-serialisable observations; the parent (`faults.py`) judges them. Each trial's
 random choices are made by the parent and passed in ``FAULT_*`` environment variables, so a
 trial is reproducible from the parent's ``--seed``. Expected failures are caught and reported
@@ -26,7 +26,8 @@ import numpy as np
 import unified
 from unified import Accelerator
 
-import scenarios  # tests/conformance/scenarios.py (the worker puts its folder on sys.path)
+from unified.testing import scenarios
+from unified.testing.scenario import scenario
 
 
 def _shared(*parts: str) -> str:
@@ -59,11 +60,12 @@ def state_hash(acc: Accelerator, skip_loaders: bool = False) -> str:
 
 
 # -- 1. a process dies in the middle of a training loop ------------------------------------------------
+@scenario(requires=("TrainingObjects",))
 def fault_train_kill(state: dict) -> dict:
     """Train with a sync every step (wait_for_everyone / check_trigger alternately); the victim
     SIGKILLs itself at step FAULT_KILL_STEP, either before its training step (the others are then
     inside the step's collectives) or before the sync. Survivors report what they raised."""
-    from training import make
+    from unified.testing.training import make
 
     timeout = float(os.environ["FAULT_TIMEOUT"])
     victim, kill_step = int(os.environ["FAULT_VICTIM"]), int(os.environ["FAULT_KILL_STEP"])
@@ -106,9 +108,10 @@ def fault_train_kill(state: dict) -> dict:
 
 
 # -- 2. the whole group is killed during save_state ------------------------------------------------------
+@scenario(requires=("TrainingObjects",))
 def fault_save_loop(state: dict) -> dict:
     """`scenarios.ckpt_save_loop` with the save mode fixed by FAULT_SAVE_MODE (sync / async)."""
-    from training import make
+    from unified.testing.training import make
 
     acc = scenarios._project_acc(state, total_limit=3)
     run = make(acc)
@@ -129,9 +132,10 @@ def fault_save_loop(state: dict) -> dict:
 
 
 # -- 3/4. damaged and hostile checkpoints -------------------------------------------------------------------
+@scenario(requires=("TrainingObjects",))
 def fault_save_pristine(state: dict) -> dict:
     """Two good checkpoints of the same run, one step apart (sources of damage and of swapped files)."""
-    from training import make
+    from unified.testing.training import make
 
     acc = Accelerator(timeout=60, seed=3)
     state["acc"] = acc
@@ -184,13 +188,14 @@ class _OpenWatch:
             os.open, builtins.open = real_os_open, real_open
 
 
+@scenario(requires=("TrainingObjects",))
 def fault_load_cases(state: dict) -> dict:
     """Load every case directory under FAULT_CASES (one group, one load per case) and report.
 
     Per case: what was raised, its message and how long it took, whether the state was left
     untouched, and any successful open of a file under ``outside/`` (hostile cases point there).
     """
-    from training import make
+    from unified.testing.training import make
 
     acc = Accelerator(timeout=float(os.environ.get("FAULT_TIMEOUT", "20")), seed=3)
     state["acc"] = acc
@@ -226,7 +231,7 @@ DATA_SAMPLES, DATA_SEEN = 24, 6  # 6 samples: a whole number of global batches f
 
 
 def _count_setup(state: dict):
-    from training import make
+    from unified.testing.training import make
 
     acc = Accelerator(timeout=60, seed=3)
     state["acc"] = acc
@@ -235,6 +240,7 @@ def _count_setup(state: dict):
     return acc, run, loader
 
 
+@scenario
 def fault_count_save(state: dict) -> dict:
     acc, run, loader = _count_setup(state)
     for _ in range(2):
@@ -249,6 +255,7 @@ def fault_count_save(state: dict) -> dict:
             "num_processes": acc.num_processes, "draws_after": run.draws()}
 
 
+@scenario
 def fault_count_load(state: dict) -> dict:
     acc, run, loader = _count_setup(state)
     directory = _shared(os.environ["FAULT_COUNT_LOAD_DIR"])
@@ -288,11 +295,12 @@ def fault_count_load(state: dict) -> dict:
 
 
 # -- 6. full disk during save ----------------------------------------------------------------------------------
+@scenario(requires=("TrainingObjects",))
 def fault_enospc(state: dict) -> dict:
     """For each case "mode:victim" in FAULT_ENOSPC: save A, step, then save B while
     safetensors_io.write raises ENOSPC (after writing a few bytes) on process ``victim`` once.
     Then: B must not exist, load_state() must load A with A's state."""
-    from training import make
+    from unified.testing.training import make
     from unified.checkpoint import safetensors_io
 
     acc = scenarios._project_acc(state)

@@ -13,9 +13,9 @@ trials per row and backend in docs/benchmarks/img/faults.png and, when rows 7-8 
 from the preemption signal to the committed checkpoint in faults-preemption.png
 (``--no-picture``: neither).
 
-Every group is started by the conformance harness (`tests/conformance/harness.run_group`),
+Every group is started by the conformance harness (`unified.testing.harness.run_group`),
 whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
-`tests/conformance/scenarios.py`), chosen by UNIFIED_TEST_SCENARIOS. The rows:
+`unified/testing/scenarios.py`), named by reference (`module:function`). The rows:
 
 1. A process SIGKILLs itself at a random step of a training loop (`training.make(acc)`, a
    `wait_for_everyone` or `check_trigger` after every step; `Accelerator(timeout=--timeout)`;
@@ -51,7 +51,7 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    one save (sync, and async + `wait_for_checkpoint`; each process as the victim). Pass: every
    process raises `CheckpointError` naming the process and "No space left"; the failed checkpoint
    does not exist, and `load_state()` loads the previous one with its exact state.
-7. Preemption of a worker: a training run (`tests/conformance/preemption_run.py`,
+7. Preemption of a worker: a training run (`unified/testing/preemption_run.py`,
    `Accelerator(handle_preemption=True)`, 2 processes) started by `unified launch --grace-period
    60`; at a random step (2-8) a random process gets SIGTERM or SIGUSR1 (random). Pass: the
    launcher exits `unified.PREEMPTED_EXIT_CODE`, every process stopped at that step with
@@ -60,7 +60,7 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    `save_state` returned), median and worst. --short: 1 trial.
 8. Preemption of the launcher: the same, with the signal sent to `unified launch`, which forwards
    it to every worker.
-9-11. Several machines (`tests/multihost.py`): 2 network namespaces with their own addresses, one
+9-11. Several machines (`unified/testing/multihost.py`): 2 network namespaces with their own addresses, one
    `unified launch --num-machines 2` each; a random machine is the victim, 0.2-1 s after the group
    works (`--net-timeout`, default 5 s): 9. its cable is pulled (`ip link set down` on its switch
    port) during back-to-back `wait_for_everyone`; 10. the same during back-to-back `save_state`;
@@ -88,15 +88,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.conformance import harness  # noqa: E402
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import plot  # noqa: E402  (benchmarks/ is not a package)
+import fault_scenarios as fs  # noqa: E402  (benchmarks/ is not a package)
+import plot  # noqa: E402
+from unified.testing import harness  # noqa: E402
+from unified.testing.scenarios import ckpt_load_newest  # noqa: E402
 from unified.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
 
 VERBOSE = False
@@ -106,9 +108,10 @@ def run_group(backend, size, scenarios, shared, **kwargs):
     """`harness.run_group`, printing each group's wall time with --verbose."""
     group = harness.run_group(backend, size, scenarios, shared, **kwargs)
     if VERBOSE:
-        print(f"    {backend} x{size} {'+'.join(scenarios)}: {group.elapsed:.1f} s, exit codes {group.returncodes}", flush=True)
+        print(f"    {backend} x{size} {'+'.join(s.__name__ for s in scenarios)}: {group.elapsed:.1f} s, exit codes {group.returncodes}",
+              flush=True)
     return group
-WORKER_PATH = os.pathsep.join(str(p) for p in (ROOT, ROOT / "benchmarks", ROOT / "tests" / "conformance"))
+WORKER_PATH = os.pathsep.join(str(p) for p in (ROOT, ROOT / "benchmarks"))  # the workers import fault_scenarios
 TRAIN_STEPS = 30
 WATCHDOG_EXIT = "unified: the process group broke"  # unified/watchdog.py's message
 MANIFEST = "manifest.json"
@@ -139,8 +142,7 @@ JAX_CACHE: Dict[str, str] = {}  # a persistent compilation cache shared by the g
 
 
 def _env(shared: Path, **extra: object) -> Dict[str, str]:
-    env = {"UNIFIED_TEST_SHARED": str(shared), "PYTHONPATH": WORKER_PATH,
-           "UNIFIED_TEST_SCENARIOS": "fault_scenarios,scenarios", **JAX_CACHE}
+    env = {"UNIFIED_TEST_SHARED": str(shared), "PYTHONPATH": WORKER_PATH, **JAX_CACHE}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -150,8 +152,9 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line[0][:limit]
 
 
-def _group_failed(group: harness.GroupResult, scenario: str) -> Optional[str]:
+def _group_failed(group: harness.GroupResult, scenario: Callable) -> Optional[str]:
     """A short reason when some process did not finish ``scenario`` normally."""
+    scenario = scenario.__name__
     for rank, (rc, result) in enumerate(zip(group.returncodes, group.results)):
         value = result.get(scenario)
         if value is None:
@@ -183,7 +186,7 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
         phases[phase] = phases.get(phase, 0) + 1
         what = f"trial {t}: victim {victim}, step {step}, before its {phase}"
         for attempt in range(1 + SLOW_RETRIES):
-            group = run_group(backend, size, ["fault_train_kill"], shared, deadline=120 + 3 * timeout,
+            group = run_group(backend, size, [fs.fault_train_kill], shared, deadline=120 + 3 * timeout,
                               extra_env=_env(shared, FAULT_TIMEOUT=timeout, FAULT_VICTIM=victim, FAULT_KILL_STEP=step,
                                              FAULT_PHASE=phase, FAULT_JITTER=jitter, FAULT_STEPS=TRAIN_STEPS))
             if not _outrun_by_the_timeout(group, victim) or attempt == SLOW_RETRIES:
@@ -253,11 +256,11 @@ def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max
         delay = rng.uniform(0.2, max_delay)
         what = f"trial {t} ({mode}, kill {delay:.2f} s after the first checkpoint)"
         per_mode[mode][0] += 1
-        crashed = run_group(backend, 2, ["fault_save_loop"], shared, extra_env=_env(shared, FAULT_SAVE_MODE=mode),
+        crashed = run_group(backend, 2, [fs.fault_save_loop], shared, extra_env=_env(shared, FAULT_SAVE_MODE=mode),
                             kill_when=shared / "ready", kill_delay=delay, deadline=120)
         if not all(rc == -9 for rc in crashed.returncodes):
             row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
-                              f"{_group_failed(crashed, 'fault_save_loop')}")
+                              f"{_group_failed(crashed, fs.fault_save_loop)}")
             continue
         expected = {}
         for line in (shared / "expected.jsonl").read_text().splitlines():
@@ -265,8 +268,8 @@ def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max
                 entry = json.loads(line)
                 expected[entry["iteration"]] = entry["hash"]
         saves.append(len(expected))
-        loaded = run_group(backend, 2, ["ckpt_load_newest"], shared, extra_env=_env(shared), deadline=120)
-        failed = _group_failed(loaded, "ckpt_load_newest")
+        loaded = run_group(backend, 2, [ckpt_load_newest], shared, extra_env=_env(shared), deadline=120)
+        failed = _group_failed(loaded, ckpt_load_newest)
         if failed:
             row.record(False, f"{what}: load after the crash failed: {failed}")
             continue
@@ -306,7 +309,7 @@ def _digest(body: dict) -> str:
 
 def _resign(directory: Path, edit) -> None:
     """Edit the manifest and re-sign it, as an attacker who knows the format could
-    (as `_rewrite_manifest` in tests/conformance/test_checkpoint.py)."""
+    (as `_rewrite_manifest` in unified/testing/suite/test_checkpoint.py)."""
     path = directory / MANIFEST
     doc = json.loads(path.read_text())
     doc.pop("manifest_xxh3")
@@ -491,7 +494,7 @@ def rows_checkpoint_files(backend: str, shared: Path, load: harness.GroupResult,
                           hostile: Dict[str, dict], pristine_hash: str) -> List[Row]:
     damage_row = Row("3 checkpoint damaged at random", backend)
     hostile_row = Row("4 hostile checkpoint files", backend)
-    failed = _group_failed(load, "fault_load_cases")
+    failed = _group_failed(load, fs.fault_load_cases)
     if failed:
         for row, cases in ((damage_row, damaged), (hostile_row, hostile)):
             for case in cases:
@@ -534,7 +537,7 @@ def rows_checkpoint_files(backend: str, shared: Path, load: harness.GroupResult,
 
 # -- 5. another number of processes -------------------------------------------------------------------------------
 def judge_other_count(saved: harness.GroupResult, loaded: harness.GroupResult, row: Row, label: str) -> None:
-    failed = _group_failed(saved, "fault_count_save") or _group_failed(loaded, "fault_count_load")
+    failed = _group_failed(saved, fs.fault_count_save) or _group_failed(loaded, fs.fault_count_load)
     if failed:
         row.record(False, f"{label}: {failed}")
         return
@@ -567,7 +570,7 @@ def judge_other_count(saved: harness.GroupResult, loaded: harness.GroupResult, r
 
 # -- 6. full disk ----------------------------------------------------------------------------------------------------
 def judge_enospc(group: harness.GroupResult, rows: Dict[str, Row], cases: List[str]) -> None:
-    failed = _group_failed(group, "fault_enospc")
+    failed = _group_failed(group, fs.fault_enospc)
     if failed:
         for case in cases:
             rows[case.split(":")[0]].record(False, f"{case}: {failed}")
@@ -682,8 +685,8 @@ NET_ROWS = {9: ("cut-barrier", "9 link cut during a barrier (2 machines)"),
 
 
 def rows_network(backend: str, trials: int, rng: random.Random, work: Path, timeout: float, wanted: Set[int]) -> List[Row]:
-    from tests import multihost
-    from tests.netns import unavailable
+    from unified.testing import multihost
+    from unified.testing.netns import unavailable
 
     rows = []
     reason = unavailable()
@@ -738,18 +741,18 @@ def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work
     shared.mkdir()
     victims = [0, 1]
     enospc = ",".join(f"{mode}:{v}" for mode in ("sync", "async") for v in victims)
-    first = run_group(backend, 2, ["fault_save_pristine", "fault_count_save", "fault_enospc"], shared, deadline=240,
+    first = run_group(backend, 2, [fs.fault_save_pristine, fs.fault_count_save, fs.fault_enospc], shared, deadline=240,
                       extra_env=_env(shared, FAULT_COUNT_SAVE_DIR="count_2", FAULT_ENOSPC=enospc))
-    third = run_group(backend, 3, ["fault_count_load", "fault_count_save"], shared, deadline=240,
+    third = run_group(backend, 3, [fs.fault_count_load, fs.fault_count_save], shared, deadline=240,
                       extra_env=_env(shared, FAULT_COUNT_LOAD_DIR="count_2", FAULT_COUNT_SAVE_DIR="count_3"))
     cases_root = shared / "cases"
     cases_root.mkdir()
     damaged, hostile = {}, {}
-    pristine_failed = _group_failed(first, "fault_save_pristine")
+    pristine_failed = _group_failed(first, fs.fault_save_pristine)
     if not pristine_failed:
         damaged = make_damaged(shared / "pristine", shared / "other", cases_root, args.damage_cases, rng)
         hostile = make_hostile(shared / "pristine", cases_root, shared / "outside", shared, rng)
-    last = run_group(backend, 2, ["fault_count_load", "fault_load_cases"], shared, deadline=240,
+    last = run_group(backend, 2, [fs.fault_count_load, fs.fault_load_cases], shared, deadline=240,
                      extra_env=_env(shared, FAULT_COUNT_LOAD_DIR="count_3", FAULT_CASES="cases"))
     if 3 in wanted or 4 in wanted:
         if pristine_failed:
@@ -824,7 +827,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="seed of every random choice (default: time)")
     parser.add_argument("--net-timeout", type=float, default=5.0, help="the Accelerator timeout in rows 9-11 (5 s)")
     parser.add_argument("--rows", default=None,
-                        help="rows to run (default: all; --short: 1-6: tests/conformance/test_preemption.py covers 7-8 and tests/test_multihost_netns.py 9-11 in CI)")
+                        help="rows to run (default: all; --short: 1-6: unified/testing/suite/test_preemption.py covers 7-8 and tests/test_multihost_netns.py 9-11 in CI)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
     plot.add_option(parser)

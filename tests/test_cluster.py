@@ -27,7 +27,7 @@ from .conftest import BACKENDS
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bash, signals")]
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ROOT / "tests" / "conformance" / "preemption_run.py"
+RUN = ROOT / "unified" / "testing" / "preemption_run.py"
 DEADLINE = 300
 # Variables srun would set that make our processes (or JAX) think they run in a group: cleared.
 GROUP_VARIABLES = ("UNIFIED_PROCESS_ID", "UNIFIED_NUM_PROCESSES", "UNIFIED_LOCAL_PROCESS_ID",

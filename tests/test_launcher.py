@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import BACKENDS
-from .conformance.harness import free_port
+from unified.launch import free_port
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]

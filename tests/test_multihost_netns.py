@@ -1,6 +1,6 @@
 """Real multi-host runs: one `unified launch` per network namespace, each with its own address.
 
-Machine 0 is ``10.231.0.1``; the others reach it only over a veth pair and a bridge (tests/netns.py),
+Machine 0 is ``10.231.0.1``; the others reach it only over a veth pair and a bridge (unified/testing/netns.py),
 never over loopback, so the rendezvous address, the addresses gloo binds, and the faults of a real
 network (a pulled cable, a frozen process) are all exercised. Skipped, with the reason, where
 network namespaces cannot be made (no root / CAP_NET_ADMIN). The fault benchmark
@@ -13,8 +13,9 @@ import time
 import pytest
 
 from .conftest import BACKENDS
-from .multihost import launch, run_fault
-from .netns import Machines, unavailable
+from unified.testing.multihost import launch, run_fault
+from unified.testing.multihost_scenarios import mh_normal
+from unified.testing.netns import Machines, unavailable
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not BACKENDS, reason="neither torch nor jax is installed")]
@@ -44,12 +45,12 @@ def test_each_machine_routes_to_machine_0_from_its_own_address(netns):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_three_machines_barrier_collectives_and_a_shared_checkpoint(netns, backend, tmp_path):
     with Machines(3) as machines:
-        group = launch(machines, backend, "mh_normal", tmp_path)
+        group = launch(machines, backend, mh_normal, tmp_path)
         try:
             group.wait(time.monotonic() + 240)
         finally:
             group.stop()
-        rows = [group.result(m, "mh_normal") for m in range(3)]
+        rows = [group.result(m, mh_normal) for m in range(3)]
         assert all(p.returncode == 0 for p in group.procs), group.logs()
     assert all(r and "error" not in r for r in rows), group.logs()
     assert [r["index"] for r in rows] == [0, 1, 2]

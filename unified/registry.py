@@ -57,6 +57,8 @@ class BackendSpec:
             ``unified env`` says whether the installed versions are inside these ranges.
         private_apis: a function probing the framework's private APIs that the backend uses,
             raising a clear error when the installed version changed one (may import the framework).
+        testing_kit: the `unified.testing.Kit` (class or instance): the tiny training setups the
+            conformance suite runs on this backend (see docs/certify-a-backend.md).
     """
 
     name: str
@@ -69,6 +71,7 @@ class BackendSpec:
     distributions: Tuple[str, ...] = ()
     tested_versions: Tuple[Tuple[str, str, str], ...] = ()
     private_apis: Optional[str] = None
+    testing_kit: Optional[str] = None
 
 
 def load_object(target: str) -> Any:

@@ -15,4 +15,5 @@ SPEC = BackendSpec(
     tested_versions=(("jax", "0.8.2", "0.10.2"), ("jaxlib", "0.8.2", "0.10.2"), ("flax", "0.12.2", "0.12.8"),
                      ("optax", "0.2.0", "0.2.8"), ("orbax-checkpoint", "0.11.17", "0.12.8")),
     private_apis="backends.jax.private:check",
+    testing_kit="backends.jax.testing:JaxKit",
 )

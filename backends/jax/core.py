@@ -4,16 +4,16 @@ Control-plane collectives (barrier, flags, small bytes) go through the coordinat
 barrier and key-value store, which take deadlines; device collectives cannot time out, so the
 array collectives are preceded by a timed barrier. ``jax_enable_recoverability`` is switched on
 before joining, so that a dead peer gives survivors an exception instead of aborting them.
+
+`JaxBackend` joins the group and holds the arrays, the key stream and training objects; the
+package's other modules are mixed into it, one concern each, as in every backend: the control
+plane (`backends.jax.control`), loaders and batches (`.data`), the training loop (`.loop`) and
+sharded state (`.sharding`, with its file storage in `.storage`).
 """
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
-import queue
-import re
-import sys
-import threading
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -21,35 +21,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from backends.common import keep_alive_forever, next_instance, timeout_error
-from unified.backend import (ArrayCollectives, Backend, DeviceMesh, ForeignLoaders, KeyStream, ShardedArrays,
-                             ShardedTraining, ShardedWrite, TrainingObjects)
+from backends.common import keep_alive_forever, next_instance
+from unified.backend import ArrayCollectives, Backend, DeviceMesh, KeyStream, TrainingObjects
 from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see
 from unified.network import route_to
 
-from . import flag_barrier
 from . import private
+from .control import JaxControlPlane, _Caller
+from .data import JaxData
 from .loop import JaxTrainingLoop
+from .sharding import JaxSharding
 
 _PREFIX = "unified/"
-# A coordination-service call gets its answer at its deadline at the latest; past this margin
-# the service is out of reach.
-_SERVICE_MARGIN_S = 2.0
 
 
 def _local_announced() -> bool:
     """True when a launcher set this process's local index (ours, or torchrun's convention)."""
     return any(os.environ.get(name, "").strip().isdigit() for name in ("UNIFIED_LOCAL_PROCESS_ID", "LOCAL_RANK"))
-
-
-def _missing_from_message(message: str) -> Optional[List[int]]:
-    """Parse the coordination service's "Some timed out task names:" list."""
-    match = re.search(r"timed out task names:\s*\n((?:.*\n?)*?)(?:\n\n|$)", message)
-    if not match:
-        return None
-    tasks = [int(n) for n in re.findall(r"(?:task:)?(\d+)\s*$", match.group(1), re.MULTILINE)]
-    return tasks or None
 
 
 def _detach_runtime() -> None:
@@ -64,112 +53,8 @@ def _detach_runtime() -> None:
     private.detach_runtime(keep_alive_forever)
 
 
-def _uncompressed_pytree_handler(ocp: Any) -> Any:
-    """Orbax's PyTree handler without zstd where the installed Orbax offers the choice
-    (``use_compression``, not in orbax-checkpoint 0.11.17); its default otherwise."""
-    accepted = inspect.signature(ocp.PyTreeCheckpointHandler.__init__).parameters
-    return ocp.PyTreeCheckpointHandler(**({"use_compression": False} if "use_compression" in accepted else {}))
-
-
-class _NoAnswer(Exception):
-    pass
-
-
-class _Caller:
-    """Runs calls one at a time on a daemon thread (never joined at exit, unlike an executor's),
-    so that the caller can stop waiting for one that blocks. The hand-off is a `SimpleQueue` and
-    a plain lock per call (about 17 µs against 42 µs for `Queue` + `Event` on the CI machine):
-    it sits in every control-plane collective.
-
-    The thread is kept on the core its caller runs on (`_SameCore`): the caller sleeps while the
-    call runs, so both hand-offs become a switch on one core instead of a wake-up of another, idle
-    one (35-71 µs less per barrier than a thread left where the scheduler puts it, side by side
-    in benchmarks/collectives.py on the 2-core CI VM)."""
-
-    def __init__(self) -> None:
-        self._work: "queue.SimpleQueue" = queue.SimpleQueue()
-        started = threading.Event()
-        self._core = _SameCore()
-        threading.Thread(target=self._run, args=(started,), name="unified-jax-call", daemon=True).start()
-        started.wait()
-
-    def _run(self, started: threading.Event) -> None:
-        self._core.thread_id = threading.get_native_id()
-        started.set()
-        while True:
-            call, done, outcome = self._work.get()
-            try:
-                outcome.append((True, call()))
-            except BaseException as err:  # noqa: BLE001 - handed to the caller
-                outcome.append((False, err))
-            done.release()
-
-    def call(self, call: Any, seconds: float) -> Any:
-        self._core.follow_caller()
-        done, outcome = threading.Lock(), []
-        done.acquire()
-        self._work.put((call, done, outcome))
-        if not done.acquire(timeout=seconds):
-            raise _NoAnswer()
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
-
-
-class _SameCore:
-    """Keeps one thread on the core the calling thread runs on (Linux; elsewhere it does nothing).
-    A caller that moved to another core moves the thread with it at its next call; a core the
-    process may not use is never chosen, since the caller runs on it."""
-
-    def __init__(self) -> None:
-        self.thread_id: Optional[int] = None
-        self._core: Optional[int] = None
-        self._current_core = _current_core_function()
-
-    def follow_caller(self) -> None:
-        if self._current_core is None or self.thread_id is None:
-            return
-        core = self._current_core()
-        if core != self._core and core >= 0:
-            try:
-                os.sched_setaffinity(self.thread_id, {core})
-                self._core = core
-            except OSError:  # a core taken away meanwhile (cgroup change): leave the thread where it is
-                self._current_core = None
-
-
-def _current_core_function() -> Optional[Any]:
-    """``sched_getcpu`` of the C library (a vDSO call, well under a microsecond), or None."""
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
-        return None
-    try:
-        import ctypes
-
-        function = ctypes.CDLL(None, use_errno=True).sched_getcpu
-    except (OSError, AttributeError):
-        return None
-    function.restype, function.argtypes = ctypes.c_int, []
-    return function
-
-
-class _KeyValueChannel:
-    """The watchdog's channel: keys under ``prefix`` in the coordination service."""
-
-    def __init__(self, client: Any, prefix: str) -> None:
-        self._client, self._prefix = client, prefix
-        address = ProcessEnvironment.from_env().coordinator
-        self.where = f"the coordination service at {address} (process 0's machine)" if address else None
-
-    def post(self, name: str, value: str) -> None:
-        self._client.key_value_set(self._prefix + name, value, allow_overwrite=True)
-
-    def read(self) -> Dict[str, str]:
-        return {key.rsplit(self._prefix, 1)[-1]: value for key, value in self._client.key_value_dir_get(self._prefix)}
-
-
-class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives, ShardedArrays, ShardedTraining,
-                 ForeignLoaders, JaxTrainingLoop):
+class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives,
+                 JaxTrainingLoop, JaxSharding):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
@@ -270,108 +155,6 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
     def device(self) -> Any:
         return jax.local_devices()[0]
 
-    def health_channel(self) -> Optional["_KeyValueChannel"]:
-        return _KeyValueChannel(self._client, f"{self._prefix}health/") if self._client is not None else None
-
-    # -- control plane --------------------------------------------------------------------------
-    def _timeout_error(self, key: str, timeout: float, err: Exception, missing: Optional[List[int]]) -> Exception:
-        return timeout_error(self, key, timeout, err, missing, "jax coordination service")
-
-    def _answered(self, call: Any, key: str, timeout: float) -> Any:
-        """``call()``, bounded: the coordination client's calls carry no deadline of their own on
-        the wire, so on a machine that lost its link to the service they block for good."""
-        if self._calls is None:
-            self._calls = _Caller()
-        try:
-            return self._calls.call(call, timeout + _SERVICE_MARGIN_S)
-        except _NoAnswer:
-            address = ProcessEnvironment.from_env().coordinator or "?"
-            err = TimeoutError(f"the coordination service at {address} (process 0's machine) did not answer "
-                               f"within {timeout + _SERVICE_MARGIN_S:g}s: this machine may have lost its network link to it")
-            raise self._timeout_error(key, timeout, err, None) from None
-
-    def barrier(self, key: str, timeout: float) -> None:
-        self._meet(self._prefix + key, key, timeout)
-        self._drop_stale_keys()
-
-    def _meet(self, name: str, key: str, timeout: float, process_ids: Optional[List[int]] = None) -> bool:
-        """Wait at barrier ``name``; True if it failed because a process flagged it (flag_barrier.py)."""
-        try:
-            self._answered(lambda: self._client.wait_at_barrier(name, int(timeout * 1000), process_ids), key, timeout)
-        except DistributedError:
-            raise
-        except Exception as err:  # JaxRuntimeError: DEADLINE_EXCEEDED or a lost coordinator
-            if flag_barrier.is_flagged(err):
-                return True
-            raise self._timeout_error(key, timeout, err, _missing_from_message(str(err))) from err
-        return False
-
-    def _drop_stale_keys(self) -> None:
-        """Delete keys this process wrote before the barrier just passed: everyone has read them."""
-        for stale in self._stale_keys:
-            try:
-                self._client.key_value_delete(stale)
-            except Exception:
-                pass
-        self._stale_keys.clear()
-
-    def any_flag(self, flag: bool, key: str, timeout: float) -> bool:
-        """One barrier whose outcome carries the flag (see flag_barrier.py): a single round trip
-        of the coordination service when no process is flagged."""
-        if not flag_barrier.supported():
-            return self._any_flag_two_trips(flag, key, timeout)
-        name = f"{self._prefix}flag"  # one id for every call: see flag_barrier.py on counters
-        if not self._flag_primed:
-            self._meet(name, f"{key} (first flag)", timeout)
-            self._flag_primed = True
-        ids = flag_barrier.flagged_process_ids(self.num_processes, self.process_index) if flag else None
-        if not self._meet(name, key, timeout, ids):
-            if flag:  # the service accepted the conflicting list: the others answered False
-                raise DistributedError(
-                    f"{key}: the JAX coordination service let a flagged process pass the trigger's barrier, so the "
-                    "processes disagree on the answer; this jax release changed the behaviour unified relies on."
-                    + see("jax-flag-barrier"))
-            self._drop_stale_keys()
-            return False
-        self.barrier(f"{key} (flag seen)", timeout)  # nobody moves on before everyone saw it
-        return True
-
-    def _any_flag_two_trips(self, flag: bool, key: str, timeout: float) -> bool:
-        """Flags as keys set before a barrier and read after it (jax releases not checked with flag_barrier)."""
-        directory = f"{self._prefix}flag/{key}/"
-        if flag:
-            mine = f"{directory}{self.process_index}"
-            self._answered(lambda: self._client.key_value_set(mine, "1"), key, timeout)
-        self.barrier(key, timeout)
-        if flag:
-            self._stale_keys.append(mine)
-            return True
-        return bool(self._client.key_value_dir_get(directory))
-
-    def _get_bytes(self, name: str, owner: int, key: str, timeout: float) -> bytes:
-        try:
-            return self._answered(lambda: self._client.blocking_key_value_get_bytes(name, int(timeout * 1000)), key, timeout)
-        except DistributedError:
-            raise
-        except Exception as err:
-            raise self._timeout_error(key, timeout, err, [owner]) from err
-
-    def all_gather_bytes(self, data: bytes, key: str, timeout: float) -> List[bytes]:
-        directory = f"{self._prefix}bytes/{key}/"
-        mine = f"{directory}{self.process_index}"
-        self._client.key_value_set_bytes(mine, data)
-        self._stale_keys.append(mine)
-        return [data if r == self.process_index else self._get_bytes(f"{directory}{r}", r, key, timeout)
-                for r in range(self.num_processes)]
-
-    def broadcast_bytes(self, data: Optional[bytes], src: int, key: str, timeout: float) -> bytes:
-        name = f"{self._prefix}bytes/{key}"
-        if self.process_index == src:
-            self._client.key_value_set_bytes(name, data or b"")
-            self._stale_keys.append(name)
-            return data or b""
-        return self._get_bytes(name, src, key, timeout)
-
     # -- data plane -------------------------------------------------------------------------------
     def is_array(self, value: Any) -> bool:
         return isinstance(value, jax.Array)
@@ -433,63 +216,6 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
             value = jax.eval_shape(jax.random.key_data, value)
         return safetensors_dtype(np.dtype(value.dtype)), tuple(value.shape)
 
-    # -- data ------------------------------------------------------------------------------------------
-    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
-        if "torch" not in sys.modules:  # no torch imported: it cannot be a torch DataLoader
-            return None
-        from backends.torch.data import prepare_torch_loader  # works here too, yielding jax.Arrays
-
-        return prepare_torch_loader(self, loader, seed)
-
-    def place_batch(self, batch: Any) -> Any:
-        """Global `jax.Array`s sharded over the processes along axis 0 (``"data"``)."""
-        from jax.sharding import NamedSharding, PartitionSpec
-
-        sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-        return jax.tree_util.tree_map(
-            lambda leaf: jax.make_array_from_process_local_data(sharding, np.asarray(_numpy_leaf(leaf))), batch
-        )
-
-    def is_sharded(self, value: Any) -> bool:
-        return isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated
-
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
-        """Orbax writes each process's shards (the JAX way for multi-host state)."""
-        self.begin_sharded_save(directory, arrays).result()
-
-    def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
-        """Orbax's asynchronous save: its blocking part (host copies of this process's shards,
-        the folders, barriers) here; the returned write waits for its background part (the
-        writes, then the commit of process 0, ordered by barriers of the coordination service
-        under keys of their own, never a device collective), bounded by the group's timeout."""
-        import orbax.checkpoint as ocp
-
-        # Uncompressed chunks (Orbax's default is zstd): about 10% more bytes on disk for random
-        # float32 weights, against 1.3x faster saves and 2x faster loads measured on 1.5 GB
-        # (docs/benchmarks/checkpoint.md, "Sharded state"); the reader accepts both.
-        checkpointer = ocp.AsyncCheckpointer(_uncompressed_pytree_handler(ocp),
-                                             async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
-        try:
-            checkpointer.save(os.path.abspath(directory), args=ocp.args.PyTreeSave(dict(arrays)))
-        except BaseException:
-            checkpointer.close()
-            raise
-
-        def finish() -> None:
-            try:
-                checkpointer.wait_until_finished()
-            finally:
-                checkpointer.close()
-
-        return ShardedWrite(finish)
-
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        import orbax.checkpoint as ocp
-
-        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in like.items()}
-        with ocp.StandardCheckpointer() as checkpointer:
-            return dict(checkpointer.restore(os.path.abspath(directory), target))
-
     # -- training objects ------------------------------------------------------------------------------
     @property
     def mesh(self) -> Any:
@@ -499,11 +225,6 @@ class JaxBackend(Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectiv
 
             self._mesh = Mesh(np.array(jax.devices()), ("data",))
         return self._mesh
-
-    def configure_sharding(self, plugin: Any) -> None:
-        """From now on `prepare` splits NNX parameters and optimizer state over the mesh
-        (see `backends.jax.sharding` for the rule) instead of replicating them."""
-        self._shard_plugin = plugin
 
     def full_array(self, value: Any, key: str, timeout: float) -> np.ndarray:
         """The whole of one array on every process: an array split across processes is gathered
@@ -646,9 +367,3 @@ def _local_value(value: Any) -> np.ndarray:
         shards = sorted(value.addressable_shards, key=lambda s: s.index[0].start or 0 if s.index else 0)
         return np.concatenate([np.asarray(s.data) for s in shards])
     return np.asarray(value)
-
-
-def _numpy_leaf(value: Any) -> Any:
-    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor from a torch DataLoader
-        return value.detach().cpu().numpy()
-    return value

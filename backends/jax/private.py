@@ -26,7 +26,7 @@ import jax
 
 from unified.errors import BackendUnavailable, see
 
-# The client methods the backend calls (backends/jax/core.py).
+# The client methods the backend calls (backends/jax/control.py, core.py).
 CLIENT_METHODS = ("wait_at_barrier", "key_value_set", "key_value_set_bytes", "key_value_dir_get",
                   "key_value_delete", "blocking_key_value_get_bytes", "get_live_nodes")
 CONFIG_OPTIONS = ("jax_enable_recoverability", "jax_enable_preemption_service")

@@ -1,4 +1,6 @@
-"""Where each array of a sharded NNX model or optimizer lives on the mesh (ZeRO-3 style).
+"""JAX's sharded state: where each array of a sharded NNX model or optimizer lives on the mesh
+(ZeRO-3 style), and `JaxSharding`, mixed into `JaxBackend`, which saves and loads sharded arrays
+with Orbax (through the storage of `backends.jax.storage`).
 
 The rule (docs/sharding.md, "JAX"): our mesh has one axis, ``"data"``, over every device of
 every process. An array is split along one of its dimensions over that axis:
@@ -15,9 +17,14 @@ the metadata) or have its shape, so they follow their parameter.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Tuple
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
+
+from unified.backend import ShardedArrays, ShardedTraining, ShardedWrite
+
+__all__ = ["AXIS", "JaxSharding", "annotations", "partition_spec", "split_dimension"]
 
 AXIS = "data"
 
@@ -70,3 +77,56 @@ def partition_spec(shape: Sequence[int], devices: int, annotation: Optional[Tupl
     if dim is None:
         return PartitionSpec()
     return PartitionSpec(*([None] * dim + [AXIS]))
+
+
+class JaxSharding(ShardedTraining, ShardedArrays):
+    """What `unified.backend.ShardedTraining` and `ShardedArrays` ask of JAX, mixed into
+    `JaxBackend`: the plugin that switches the rule above on (`JaxBackend.prepare` applies it) and
+    sharded arrays in checkpoints, written and read by Orbax."""
+
+    def configure_sharding(self, plugin: Any) -> None:
+        """From now on `prepare` splits NNX parameters and optimizer state over the mesh
+        (see `backends.jax.sharding` for the rule) instead of replicating them."""
+        self._shard_plugin = plugin
+
+    def is_sharded(self, value: Any) -> bool:
+        return isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated
+
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
+        """Orbax writes each process's shards (the JAX way for multi-host state)."""
+        self.begin_sharded_save(directory, arrays).result()
+
+    def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
+        """Orbax's asynchronous save: its blocking part (host copies of this process's shards,
+        the folders, barriers) here; the returned write waits for its background part (the
+        writes, then the commit of process 0, ordered by barriers of the coordination service
+        under keys of their own, never a device collective), bounded by the group's timeout."""
+        import orbax.checkpoint as ocp
+
+        from .storage import uncompressed_pytree_handler
+
+        # Uncompressed chunks (Orbax's default is zstd): about 10% more bytes on disk for random
+        # float32 weights, against 1.3x faster saves and 2x faster loads measured on 1.5 GB
+        # (docs/benchmarks/checkpoint.md, "Sharded state"); the reader accepts both.
+        checkpointer = ocp.AsyncCheckpointer(uncompressed_pytree_handler(ocp),
+                                             async_options=ocp.AsyncOptions(timeout_secs=int(max(self._timeout, 1))))
+        try:
+            checkpointer.save(os.path.abspath(directory), args=ocp.args.PyTreeSave(dict(arrays)))
+        except BaseException:
+            checkpointer.close()
+            raise
+
+        def finish() -> None:
+            try:
+                checkpointer.wait_until_finished()
+            finally:
+                checkpointer.close()
+
+        return ShardedWrite(finish)
+
+    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        import orbax.checkpoint as ocp
+
+        target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in like.items()}
+        with ocp.StandardCheckpointer() as checkpointer:
+            return dict(checkpointer.restore(os.path.abspath(directory), target))

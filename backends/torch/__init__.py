@@ -15,4 +15,5 @@ SPEC = BackendSpec(
     # on PyPI pulls the CUDA libraries, see docs/adding-a-backend.md). 2.13: the main CI job.
     tested_versions=(("torch", "2.6.0", "2.13.0"),),
     private_apis="backends.torch.private:check",
+    testing_kit="backends.torch.testing:TorchKit",
 )

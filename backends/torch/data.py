@@ -1,165 +1,34 @@
-"""torch DataLoaders prepared by `unified`: the user's dataset, workers, collate function and
-sampler, with our sharding, positions and resume. Used by every backend that adapts them (a JAX
-run yields ``jax.Array`` batches from the same loader)."""
+"""torch's loaders and batches, mixed into `TorchBackend`: ``prepare`` of a torch ``DataLoader``
+(the adapter in `backends.common`, which a JAX run uses too) and the placement of each batch on
+the process's device."""
 from __future__ import annotations
 
-import zlib
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
-from unified.errors import see
+from backends.common import prepare_torch_loader
+from unified.backend import ForeignLoaders
 
-__all__ = ["prepare_torch_loader"]
-
-
-def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
-    """The prepared form of a torch ``DataLoader`` for ``backend``; ``None`` for anything else.
-
-    ``shuffle=True/False`` use our own order of ``(seed, epoch)``; another ``sampler`` gives the
-    order of each epoch (`unified.data.SampledLoader`) and a ``batch_sampler`` the batches
-    (`unified.data.BatchSampledLoader`), both drawn as `_SamplerSource` says.
-    """
-    import torch
-    from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
-
-    from . import private
-
-    from unified.data import BatchSampledLoader, PreparedDataLoader, PreparedIterableLoader, SampledLoader
-
-    if not isinstance(loader, DataLoader):
-        return None
-    if isinstance(loader.dataset, IterableDataset):
-        if loader.batch_size is None:
-            raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
-                                      + see("torch-iterable-dataset"))
-        return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
-    loader_seed = int(seed or 0)
-
-    def batches(index_lists, epoch):  # the user's worker processes, collate_fn and pinning, our indices
-        # A DataLoader iterator draws its workers' base seed from the global generator unless it
-        # has its own: give it one derived from (seed, epoch), so that iterating (or resuming)
-        # never shifts the training's random numbers and worker seeds are reproducible.
-        generator = torch.Generator().manual_seed(zlib.crc32(f"{loader_seed}/{epoch}".encode()))
-        return iter(DataLoader(
-            loader.dataset, batch_sampler=index_lists, num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context, persistent_workers=False,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None, generator=generator,
-        ))
-
-    from torch.utils.data.distributed import DistributedSampler
-
-    inner = getattr(loader.batch_sampler, "sampler", None)
-    if any(isinstance(s, DistributedSampler) and s.num_replicas > 1 for s in (loader.sampler, inner)):
-        raise ValueError(
-            "prepare() got a torch DataLoader with a DistributedSampler, which already gives each process its own "
-            "part; unified shards the loader itself, so each process would see a part of a part. Build the loader "
-            "with shuffle=True/False (or a sampler that yields the whole epoch) instead." + see("torch-distributed-sampler")
-        )
-    # A torch DataLoader already yields CPU tensors: on a CPU run there is nothing to place.
-    on_cpu = getattr(getattr(backend, "device", None), "type", None) == "cpu"
-    options = dict(batches=batches, place=(lambda b: b) if on_cpu else None)
-    if loader.batch_size is not None and type(loader.batch_sampler) is BatchSampler:
-        sampler = loader.sampler
-        plain_shuffle = type(sampler) is RandomSampler and private.draws_one_permutation(sampler)
-        if plain_shuffle or type(sampler) is SequentialSampler:
-            return PreparedDataLoader(_LoaderSettings(loader, plain_shuffle), backend, seed, **options)
-        return SampledLoader(_LoaderSettings(loader, False), backend, seed, _SamplerSource(sampler, loader_seed, False),
-                             **options)
-    if loader.batch_sampler is not None:
-        settings = _LoaderSettings(loader, False)
-        settings.drop_last = bool(getattr(loader.batch_sampler, "drop_last", False))
-        return BatchSampledLoader(settings, backend, seed, _SamplerSource(loader.batch_sampler, loader_seed, True),
-                                  **options)
-    raise NotImplementedError(
-        "prepare() supports torch DataLoaders that make batches (batch_size=, or a batch_sampler=); "
-        "batch_size=None (one sample at a time) is not supported." + see("torch-custom-sampler")
-    )
+__all__ = ["TorchData"]
 
 
-class _LoaderSettings:
-    """The parts of a torch DataLoader that the shared sharding logic reads."""
+class TorchData(ForeignLoaders):
+    """What `unified.backend.ForeignLoaders` and ``Backend.place_batch`` ask of torch."""
 
-    def __init__(self, loader: Any, shuffle: bool) -> None:
-        self.dataset, self.batch_size, self.shuffle = loader.dataset, loader.batch_size, shuffle
-        self.drop_last, self.seed, self.collate_fn = loader.drop_last, None, loader.collate_fn
+    def prepare_loader(self, loader: Any, seed: Optional[int]) -> Any:
+        return prepare_torch_loader(self, loader, seed)
 
+    def place_batch(self, batch: Any) -> Any:
+        from unified.tree import flatten
 
-class _SamplerSource:
-    """A torch sampler (or batch sampler) as an `unified.data.OrderSource`.
+        from .core import _tensor_from_numpy
 
-    Each epoch is drawn reproducibly, the same on every process and again after a resume:
-    ``set_epoch(epoch)`` is called where the sampler (or the sampler inside a batch sampler)
-    has it; then it is iterated while torch's CPU generator, Python's ``random`` and NumPy's
-    global generator are seeded from ``(seed, epoch)`` and afterwards put back, so the training's
-    own random numbers do not move. A sampler with ``state_dict``/``load_state_dict`` is
-    checkpointed through them (its state before the epoch is drawn); a sampler without them that
-    owns a ``torch.Generator`` has it re-seeded from that generator's initial seed and the epoch.
-    """
-
-    def __init__(self, sampler: Any, seed: int, batches: bool) -> None:
-        import torch
-
-        self.sampler, self.seed, self.batches = sampler, int(seed), batches
-        self.stateful = callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
-        owners = [sampler, getattr(sampler, "sampler", None)]
-        self._generators = [] if self.stateful else [
-            (g, g.initial_seed()) for g in (getattr(o, "generator", None) for o in owners) if isinstance(g, torch.Generator)
-        ]
-
-    def length(self) -> Optional[int]:
-        try:
-            return len(self.sampler)
-        except TypeError:  # no __len__: the loader counts the drawn epoch
-            return None
-
-    def draw(self, epoch: int) -> Any:
-        import torch
-
-        from unified.data import derived_seed, seeded_host_rngs
-
-        for owner in (self.sampler, getattr(self.sampler, "sampler", None)):
-            if callable(getattr(owner, "set_epoch", None)):
-                owner.set_epoch(epoch)
-        for generator, initial in self._generators:
-            generator.manual_seed(derived_seed(initial, epoch))
-        with torch.random.fork_rng(devices=[]), seeded_host_rngs(self.seed, epoch):
-            torch.default_generator.manual_seed(derived_seed(self.seed, epoch))  # CPU only: CUDA's untouched
-            if self.batches:
-                return [[int(i) for i in batch] for batch in self.sampler]
-            return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
-
-    def state(self) -> Optional[Any]:
-        return _to_host(self.sampler.state_dict()) if self.stateful else None
-
-    def load(self, state: Any) -> None:
-        self.sampler.load_state_dict(_like(self.sampler.state_dict(), state))
-
-
-def _to_host(state: Any) -> Any:
-    """A copy of a sampler's state with tensors as NumPy arrays (storable on any backend)."""
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu().numpy().copy()
-    if isinstance(state, dict):
-        return {k: _to_host(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_to_host(v) for v in state)
-    return state
-
-
-def _like(template: Any, state: Any) -> Any:
-    """``state`` with NumPy arrays turned back into tensors where the live state has tensors."""
-    import torch
-
-    if isinstance(template, torch.Tensor):
-        return torch.from_numpy(np.array(state)).to(dtype=template.dtype)
-    if isinstance(template, dict) and isinstance(state, dict):
-        return {k: _like(template.get(k), v) for k, v in state.items()}
-    if isinstance(template, (list, tuple)) and isinstance(state, (list, tuple)) and len(template) == len(state):
-        return type(state)(_like(t, v) for t, v in zip(template, state))
-    if isinstance(state, np.ndarray):
-        return np.array(state)  # writable, not a view of the checkpoint's file
-    return state
+        leaves, rebuild = flatten(batch, lambda x: not isinstance(x, (dict, list, tuple)))
+        placed = []
+        for leaf in leaves:
+            if isinstance(leaf, np.ndarray):
+                leaf = _tensor_from_numpy(leaf)
+            placed.append(leaf.to(self._device, non_blocking=True) if isinstance(leaf, torch.Tensor) else leaf)
+        return rebuild(placed)

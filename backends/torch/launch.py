@@ -1,5 +1,6 @@
 """How a torch group starts: torchrun's variables for one process, the TCPStore beside the
-workers, and `unified launch` through torch's own elastic launcher (torchrun)."""
+workers (`backends.torch.coordinator`), and `unified launch` through torch's own elastic launcher
+(torchrun)."""
 from __future__ import annotations
 
 import re
@@ -9,10 +10,6 @@ from typing import Dict, List, Optional
 from unified.environment import ProcessEnvironment
 from unified.launch import Launcher, LaunchPlan, Worker
 from unified.parent_watch import watched
-
-# Hosts the rendezvous store outside the workers, as torchrun's agent does.
-_STORE_HOST = ("import time, torch.distributed as d; "
-               "s = d.TCPStore('{host}', {port}, is_master=True, wait_for_workers=False); time.sleep(1e9)")
 
 
 class TorchrunLauncher(Launcher):
@@ -30,8 +27,7 @@ class TorchrunLauncher(Launcher):
         }
 
     def service_argv(self, address: str, num_processes: int) -> Optional[List[str]]:
-        host, port = address.rsplit(":", 1)
-        return [sys.executable, "-c", _STORE_HOST.format(host=host, port=port)]
+        return [sys.executable, "-m", "backends.torch.coordinator", address, str(num_processes)]
 
     def workers(self, plan: LaunchPlan) -> List[Worker]:
         argv = [

@@ -13,7 +13,7 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 - `save_sharded` / `load_sharded_hashed`: every process writes only its own shards through
   DCP's safetensors storage layout (one file per process, the offsets in its header; no
   ``.metadata`` pickle) and reads what it needs, both with the hashing storage of
-  `backends.torch.dcp_storage` (checksums in the pass over the bytes). `begin_sharded_save` splits the write for async saves: DCP's
+  `backends.torch.storage` (checksums in the pass over the bytes). `begin_sharded_save` splits the write for async saves: DCP's
   staging (a host copy of the process's own shards) and the collective planning in the calling
   thread, the file writes alone in the background.
 """
@@ -249,7 +249,7 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         import torch.distributed as dist
         from torch.distributed.checkpoint import DefaultSavePlanner
 
-        from .dcp_storage import HashingWriter
+        from .storage import HashingWriter
 
         writer = HashingWriter(directory)
         planner = DefaultSavePlanner()
@@ -297,7 +297,7 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         failure here is this process's alone: the manager shares it in its next exchange."""
         import torch.distributed.checkpoint as dcp
 
-        from .dcp_storage import HashingReader
+        from .storage import HashingReader
 
         target = {key: torch.empty_like(value) for key, value in like.items()}
         reader = HashingReader(directory)

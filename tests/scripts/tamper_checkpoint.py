@@ -24,9 +24,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "conformance")]
+sys.path[:0] = [ROOT]
 
-from profiles import make_training  # noqa: E402
+from unified.testing.kit import make_training  # noqa: E402
 
 from unified import Accelerator, CheckpointError  # noqa: E402
 from unified.checkpoint import manager as manager_module  # noqa: E402

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # Backend names and the frameworks behind them: only the registry's default entries may say them.
 FRAMEWORK_WORDS = set(_DEFAULTS) | {"jaxlib", "flax", "optax", "orbax", "orbax.checkpoint"}
 ALLOWED_IN_UNIFIED = {("unified/registry.py", "_DEFAULTS"), ("unified/registry.py", "DEFAULT_BACKEND")}
-# Where tests may depend on which backend runs: the per-backend profiles (and the plugin's own).
-PROFILE_FILES = {"tests/conformance/profiles.py"}
+# The conformance suite may import the libraries whose objects it hands to a backend (a torch
+# DataLoader for ForeignLoaders, torch modules for the FSDP2 scenarios), never a backend package.
+SUITE = "unified/testing/"
 
 
 def _python_files(folder: str) -> Iterator[Tuple[str, ast.AST]]:
@@ -39,6 +40,8 @@ def test_shared_code_names_no_backend_or_framework():
     offenders: List[str] = []
     for path, tree in _python_files("unified"):
         for node in ast.walk(tree):
+            if path.startswith(SUITE) and not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -49,7 +52,7 @@ def test_shared_code_names_no_backend_or_framework():
                     continue
             else:
                 continue
-            bad = [m for m in modules if m.split(".")[0] in FRAMEWORK_WORDS | {"backends"}]
+            bad = [m for m in modules if m.split(".")[0] in ({"backends"} if path.startswith(SUITE) else FRAMEWORK_WORDS | {"backends"})]
             offenders += [f"{path}:{node.lineno}: {m!r}" for m in bad]
     assert not offenders, "framework or backend names in unified/ (move them into the backend package):\n" + "\n".join(offenders)
 
@@ -67,11 +70,32 @@ def _backend_branches(tree: ast.AST) -> Iterator[ast.AST]:
                 yield node
 
 
-def test_tests_branch_on_backends_only_in_their_profiles():
+def test_tests_and_the_conformance_suite_branch_on_no_backend_name():
     offenders = [f"{path}:{node.lineno}: {ast.unparse(node.test)}"
-                 for path, tree in _python_files("tests") if path not in PROFILE_FILES and not path.startswith("tests/plugin/")
-                 for node in _backend_branches(tree)]
-    assert not offenders, "put backend-specific expectations in tests/conformance/profiles.py:\n" + "\n".join(offenders)
+                 for folder in ("tests", "unified/testing") for path, tree in _python_files(folder)
+                 if not path.startswith("tests/plugin/") for node in _backend_branches(tree)]
+    assert not offenders, ("gate on a capability (@unified.testing.scenario(requires=...)) or read the backend's "
+                           "attributes instead:\n" + "\n".join(offenders))
+
+
+def _imports_of_tests(tree: ast.AST) -> Iterator[Tuple[int, str]]:
+    """(line, module) of every absolute import of the ``tests`` package."""
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        yield from ((node.lineno, n) for n in names if n.split(".")[0] == "tests")
+
+
+def test_nothing_that_ships_or_benchmarks_imports_the_tests():
+    """unified/, backends/ and benchmarks/ depend on unified (and unified.testing), never on tests/."""
+    offenders = [f"{path}:{line}: {module}" for folder in ("unified", "backends", "benchmarks")
+                 for path, tree in _python_files(folder) for line, module in _imports_of_tests(tree)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_import_check_sees_an_import_of_the_tests():
+    tree = ast.parse("from tests.conformance import harness\nimport tests.netns\nfrom .tests import x\nimport testsuite\n")
+    assert [m for _, m in _imports_of_tests(tree)] == ["tests.conformance", "tests.netns"]
 
 
 def test_the_branch_detector_sees_a_branch():

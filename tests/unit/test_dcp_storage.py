@@ -1,4 +1,4 @@
-"""The hashing DCP storage of the torch backend (`backends/torch/dcp_storage.py`), in one process:
+"""The hashing DCP storage of the torch backend (`backends/torch/storage.py`), in one process:
 its files are what torch's own safetensors storage reads (and it reads torch's), the checksums
 it reports are those of the bytes on disk, computed in the pass that wrote or read them, and a
 damaged file reports another checksum instead of raising (the manager compares and refuses)."""
@@ -13,7 +13,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 if not hasattr(dcp, "HuggingFaceStorageWriter"):
     pytest.skip("this torch has no safetensors storage for DCP", allow_module_level=True)
 
-from backends.torch.dcp_storage import HashingReader, HashingWriter  # noqa: E402
+from backends.torch.storage import HashingReader, HashingWriter  # noqa: E402
 from unified.checkpoint import safetensors_io  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The coordination-service behaviour behind the JAX `check_trigger` (backends/jax/flag_barrier.py).
+"""The coordination-service behaviour behind the JAX `check_trigger` (backends/jax/control.py).
 
 A real service (recoverable, as the launcher hosts it) and two clients run in a child process
 (threads; a JAX runtime that aborts at exit cannot take pytest with it), which reports what
@@ -25,7 +25,7 @@ def _child(port: int) -> None:
     sys.path.insert(0, str(REPO))
     from jax._src.lib import _jax
 
-    from backends.jax.flag_barrier import flagged_process_ids, is_flagged
+    from backends.jax.control import flagged_process_ids, is_flagged
 
     address = f"127.0.0.1:{port}"
     service = _jax.get_distributed_runtime_service(address, 2, heartbeat_timeout=100, shutdown_timeout=5,
@@ -97,8 +97,8 @@ def test_a_flag_fails_the_barrier_for_every_caller_whatever_the_order(seen):
     for case in ("flag_first", "flag_last", "both", "healthy_after"):
         assert _outcomes(seen[case]) == ["flagged", "flagged"], (
             f"{case}: {seen[case]}. This jax release no longer fails a barrier called with different participant "
-            "lists for every caller (a late caller must get the stored result): backends/jax/flag_barrier.py "
-            "cannot carry the trigger; make flag_barrier.supported() exclude this release.")
+            "lists for every caller (a late caller must get the stored result): backends/jax/control.py "
+            "cannot carry the trigger; make control.supported() exclude this release.")
     # A flagged caller that came first does not wait for the others.
     assert seen["flag_first"][0][1] < 0.25, seen["flag_first"]
 

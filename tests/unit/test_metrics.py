@@ -323,7 +323,7 @@ def test_drawing_a_sampler_leaves_the_training_random_numbers_alone():
 def test_a_distributed_sampler_is_refused_rather_than_sharded_twice():
     import torch
 
-    from backends.torch.data import prepare_torch_loader
+    from backends.common import prepare_torch_loader
 
     class TwoProcesses:
         process_index, num_processes, uneven_batches, device = 0, 2, True, None

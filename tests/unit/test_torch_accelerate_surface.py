@@ -122,3 +122,20 @@ def test_kwargs_handlers_reach_torch(monkeypatch):
     assert acc.scaler.get_scale() == 1024.0 and acc.ddp_handler.find_unused_parameters
     acc._backend.num_processes = 1
     acc.end_training()
+
+
+def test_autocast_computes_in_the_mixed_precision_outside_a_prepared_forward():
+    acc = Accelerator(backend="torch", mixed_precision="bf16")
+    try:
+        layer, x = torch.nn.Linear(2, 2), torch.ones(1, 2)
+        with acc.autocast():
+            inside = layer(x)
+        assert inside.dtype == torch.bfloat16 and layer(x).dtype == torch.float32
+    finally:
+        acc.end_training()
+    plain = Accelerator(backend="torch")
+    try:
+        with plain.autocast():  # no mixed precision: nothing changes, as in Accelerate
+            assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float32
+    finally:
+        plain.end_training()

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+import backends.torch.control as control  # noqa: E402
 import backends.torch.core as core  # noqa: E402
 from unified import DistributedError  # noqa: E402
 
@@ -39,9 +40,9 @@ def _fail_in_backward(backend, calls=1):
 
 @pytest.fixture(autouse=True)
 def short_waits(monkeypatch):
-    monkeypatch.setattr(core, "_DIAGNOSE_GRACE_S", 0.3)
-    monkeypatch.setattr(core, "_STORE_ANSWER_S", 0.3)
-    monkeypatch.setattr(core, "keep_alive_forever", lambda *groups: None)
+    monkeypatch.setattr(control, "_DIAGNOSE_GRACE_S", 0.3)
+    monkeypatch.setattr(control, "_STORE_ANSWER_S", 0.3)
+    monkeypatch.setattr(control, "keep_alive_forever", lambda *groups: None)
 
 
 def test_the_peer_that_never_noted_its_arrival_is_named():

@@ -1,6 +1,6 @@
 """Experiment trackers: `log_with` choices and their errors, the tracker protocol on the main
 process only, values brought to the host, and tensorboardX without torch. The real trackers'
-files are checked in real groups by tests/conformance/test_data.py."""
+files are checked in real groups by unified/testing/suite/test_data.py."""
 from __future__ import annotations
 
 import os

@@ -1,0 +1,921 @@
+"""Scenario functions of the conformance suite, written once for every backend.
+
+Each takes the per-process ``state`` dict (``state["acc"]`` is the Accelerator) and returns
+JSON-serialisable observations; tests in the parent assert across processes. Scenarios that
+break the group (a dead or stuck process) must come last in a run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+
+import unified
+from unified import Accelerator
+from unified.testing.scenario import scenario
+
+SLOW_MAIN_S = 0.4
+
+
+@scenario
+def start(state: dict) -> dict:
+    acc = Accelerator(timeout=60)
+    state["acc"] = acc
+    return {"ok": True}
+
+
+@scenario
+def identity(state: dict) -> dict:
+    acc = state["acc"]
+    return {
+        "backend": acc.backend, "process_index": acc.process_index, "num_processes": acc.num_processes,
+        "local_process_index": acc.local_process_index, "is_main_process": acc.is_main_process,
+        "is_local_main_process": acc.is_local_main_process, "is_last_process": acc.is_last_process,
+        "distributed_type": str(acc.distributed_type), "device": str(acc.device), "pid": os.getpid(),
+    }
+
+
+@scenario
+def barrier_order(state: dict) -> dict:
+    acc = state["acc"]
+    acc.wait_for_everyone()  # start together, so that the sleeps below stagger the arrivals
+    time.sleep(0.15 * acc.process_index)
+    arrive = time.time()
+    acc.wait_for_everyone()
+    return {"arrive": arrive, "leave": time.time()}
+
+
+def _ordered(state: dict, context: str, goes_first: bool) -> dict:
+    acc = state["acc"]
+    with getattr(acc, context)():
+        enter = time.time()
+        if goes_first:
+            time.sleep(SLOW_MAIN_S)
+        body_exit = time.time()
+    return {"enter": enter, "body_exit": body_exit, "leave": time.time(), "first": goes_first}
+
+
+@scenario
+def main_first_order(state: dict) -> dict:
+    return _ordered(state, "main_process_first", state["acc"].is_main_process)
+
+
+@scenario
+def local_main_first_order(state: dict) -> dict:
+    return _ordered(state, "local_main_process_first", state["acc"].is_local_main_process)
+
+
+@scenario
+def trigger(state: dict) -> dict:
+    acc = state["acc"]
+    quiet = acc.check_trigger()
+    if acc.is_last_process:
+        acc.set_trigger()
+    fired = acc.check_trigger()
+    after_reset = acc.check_trigger()
+    return {"quiet": quiet, "fired": fired, "after_reset": after_reset}
+
+
+@scenario
+def trigger_late_peer(state: dict) -> dict:
+    """Process 0 sets the trigger and checks at once; the last process checks a second later.
+    Everyone gets True in that call (also the one that arrives after the flag is known), and the
+    next two checks, one right away and one with the last process late again, are quiet."""
+    acc = state["acc"]
+    if acc.is_main_process:
+        acc.set_trigger()
+    if acc.is_last_process:
+        time.sleep(1.0)
+    fired = acc.check_trigger()
+    again = acc.check_trigger()
+    if acc.is_last_process:
+        time.sleep(1.0)
+    quiet = acc.check_trigger()
+    return {"fired": fired, "again": again, "quiet": quiet}
+
+
+@scenario
+def collectives(state: dict) -> dict:
+    acc = state["acc"]
+    rank = acc.process_index
+    gathered = acc.gather({"rows": np.array([rank, rank], dtype=np.int32), "scalar": np.float32(rank)})
+    summed = acc.reduce({"v": np.array([1.0, rank], dtype=np.float32)}, "sum")
+    mean = acc.reduce(np.array([float(rank)], dtype=np.float32), "mean")
+    sent = acc.broadcast([np.full((2,), 10 + rank, dtype=np.int64)], from_process=acc.num_processes - 1)
+    return {
+        "gather_rows": np.asarray(gathered["rows"]).tolist(),
+        "gather_scalar": np.asarray(gathered["scalar"]).tolist(),
+        "sum": np.asarray(summed["v"]).tolist(),
+        "mean": np.asarray(mean).tolist(),
+        "broadcast": np.asarray(sent[0]).tolist(),
+        "objects": acc.gather_object({"rank": rank}),
+        "framework_arrays": all(acc._backend.is_array(v) for v in (gathered["rows"], summed["v"], mean, sent[0])),
+    }
+
+
+@scenario
+def main_first_exception(state: dict) -> dict:
+    acc = state["acc"]
+    caught = None
+    start_t = time.time()
+    try:
+        with acc.main_process_first():
+            if acc.is_main_process:
+                raise ValueError("boom in main body")
+    except ValueError as err:
+        caught = f"ValueError: {err}"
+    except unified.DistributedError as err:
+        caught = f"DistributedError: {err}"
+    elapsed = time.time() - start_t
+    acc.wait_for_everyone(timeout=20)  # the group is still usable afterwards
+    return {"caught": caught, "elapsed": elapsed}
+
+
+@scenario
+def dead_at_barrier(state: dict) -> dict:
+    """The last process dies (SIGKILL); the others must raise BarrierTimeout quickly."""
+    acc = state["acc"]
+    if acc.is_last_process:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    return _expect_barrier_timeout(acc, timeout=15)
+
+
+@scenario
+def stuck_at_barrier(state: dict) -> dict:
+    """The last process is alive but never arrives; the others time out naming it, and the
+    watchdog then ends it with their reason (its sleep never finishes)."""
+    acc = state["acc"]
+    if acc.is_last_process:
+        time.sleep(8)
+        return {"stuck": True, "exit_at": time.time()}
+    return _expect_barrier_timeout(acc, timeout=3)
+
+
+def _expect_barrier_timeout(acc: Accelerator, timeout: float) -> dict:
+    start_t = time.monotonic()
+    try:
+        acc.wait_for_everyone(timeout=timeout)
+        outcome = {"raised": None}
+    except unified.BarrierTimeout as err:
+        outcome = {"raised": "BarrierTimeout", "missing": err.missing, "message": str(err),
+                   "is_timeout_error": isinstance(err, TimeoutError)}
+    outcome["elapsed"] = time.monotonic() - start_t
+    outcome["exit_at"] = time.time()
+    return outcome
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+# The parent passes a shared directory in UNIFIED_TEST_SHARED; groups run one after another on it.
+
+def _shared(*parts: str) -> str:
+    return os.path.join(os.environ["UNIFIED_TEST_SHARED"], *parts)
+
+
+def _project_acc(state: dict, **config) -> Accelerator:
+    acc = Accelerator(timeout=60, seed=7,
+                      project_config=unified.ProjectConfiguration(_shared("project"), automatic_checkpoint_naming=True, **config))
+    state["acc"] = acc
+    return acc
+
+
+RESUME_AT, RESUME_END = 4, 9
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_first_run(state: dict) -> dict:
+    """Train RESUME_AT steps, save, record the draws right after, then train on to RESUME_END."""
+    from .training import make
+
+    acc = _project_acc(state, total_limit=2)
+    run = make(acc)
+    for _ in range(acc.process_index):  # give every process its own generator states
+        run.draws()
+    hashes = {}
+    for step in range(1, RESUME_END + 1):
+        run.step()
+        if step == RESUME_AT:
+            saved = acc.save_state()
+            if acc.is_main_process:  # keep a copy: retention below deletes checkpoint_0
+                shutil.copytree(saved, _shared("resume_from"))
+            acc.wait_for_everyone()
+            after_save = run.draws()
+            hashes["at_save"] = run.param_hash()
+    final = run.param_hash()
+    # naming, retention and collision checks on top of the run's own checkpoint
+    more = [acc.save_state() for _ in range(3)]
+    # when a synchronous save_state returns, retention has run (the checkpoint is durable first)
+    listing = sorted(os.listdir(_shared("project", "checkpoints")))
+    project = sorted(os.listdir(_shared("project")))  # nothing of ours beside what Accelerate writes
+    acc.end_training()
+    return {"saved": saved, "after_save_draws": after_save, "final_hash": final, "hashes": hashes,
+            "more": more, "listing": listing, "project": project, "iteration": acc.project_configuration.iteration}
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_resume_run(state: dict) -> dict:
+    """A new group: load the run's checkpoint, check the draws, train to RESUME_END."""
+    from .training import make
+
+    acc = _project_acc(state, total_limit=2)
+    run = make(acc)
+    path = _shared("resume_from")
+    loaded_newest_iteration = None
+    acc.load_state(path)
+    after_load_iteration = acc.project_configuration.iteration
+    draws = run.draws()
+    hash_at_load = run.param_hash()
+    for _ in range(RESUME_AT + 1, RESUME_END + 1):
+        run.step()
+    final = run.param_hash()
+    next_save = acc.save_state()
+    acc.load_state()  # the newest: the one just written
+    loaded_newest_iteration = acc.project_configuration.iteration
+    acc.end_training()
+    return {"draws": draws, "hash_at_load": hash_at_load, "final_hash": final, "next_save": next_save,
+            "iteration_after_load": after_load_iteration, "iteration_after_newest": loaded_newest_iteration,
+            "steps": run.counter.steps}
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_explicit_dir(state: dict) -> dict:
+    """Without automatic naming: save twice into one directory (replaced whole), load it back."""
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    target = _shared("explicit")
+    run.step()
+    acc.save_state(target)
+    run.step()
+    seen = {}
+
+    def save_hook(models, weights, output_dir):  # Accelerate's hook: writes into the checkpoint
+        seen["save"] = [len(models), len(weights)]
+        if acc.is_main_process:
+            with open(os.path.join(output_dir, "hook.json"), "w") as handle:
+                json.dump({"models": len(models)}, handle)
+
+    def load_hook(models, input_dir):
+        with open(os.path.join(input_dir, "hook.json")) as handle:
+            seen["load"] = json.load(handle)["models"]
+
+    handles = [acc.register_save_state_pre_hook(save_hook), acc.register_load_state_pre_hook(load_hook)]
+    acc.save_state(target)
+    second = run.param_hash()
+    run.step()
+    acc.load_state(target)
+    for handle in handles:
+        handle.remove()
+    siblings = sorted(os.listdir(os.path.dirname(target)))
+    return {"hash_second": second, "hash_loaded": run.param_hash(), "siblings": siblings,
+            "files": sorted(os.listdir(target)), "hooks": seen}
+
+
+class _UnsaveableOnMain:
+    """A registered object whose state cannot be stored (without pickle) on the main process only."""
+
+    def __init__(self, acc: Accelerator) -> None:
+        self.acc = acc
+
+    def state_dict(self) -> dict:
+        return {"handle": object() if self.acc.is_main_process else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@scenario
+def ckpt_snapshot_failure(state: dict) -> dict:
+    """save_state fails while taking the main process's snapshot: every process raises
+    CheckpointError, the others with the main process's reason, and nothing is written."""
+    acc = Accelerator(timeout=60)
+    acc.register_for_checkpointing(_UnsaveableOnMain(acc))
+    target = _shared(f"snapshot_failure_{acc.num_processes}")
+    try:
+        acc.save_state(target)
+        outcome = {"raised": None}
+    except unified.CheckpointError as err:
+        outcome = {"raised": "CheckpointError", "message": str(err)}
+    acc.wait_for_everyone()
+    outcome["written"] = os.path.exists(target) or any(n.startswith(os.path.basename(target))
+                                                       for n in os.listdir(os.path.dirname(target)))
+    return outcome
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_save_loop(state: dict) -> dict:
+    """Save over and over (sync and async alternately) until the parent SIGKILLs the group.
+
+    Before each save the main process appends the parameter hash that checkpoint will hold.
+    """
+    from .training import make
+
+    acc = _project_acc(state, total_limit=3)
+    run = make(acc)
+    expected = _shared("expected.jsonl")
+    for i in range(10_000):
+        run.step()
+        if acc.is_main_process:
+            with open(expected, "a") as handle:
+                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+        acc.save_state(async_save=bool(i % 2))
+        if i == 0 and acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
+            open(_shared("ready"), "w").close()
+    return {"never": "reached"}
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_load_newest(state: dict) -> dict:
+    """After a crash: load the newest complete checkpoint and report what it holds."""
+    from .training import make
+
+    acc = _project_acc(state, total_limit=3)
+    run = make(acc)
+    path = acc.load_state()
+    manifest = json.load(open(os.path.join(path, "manifest.json")))
+    loaded_hash = run.param_hash()
+    acc.save_state()  # a new save after a crash cleans up the crashed save's temporaries
+    leftovers = [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")]
+    return {"path": path, "iteration": manifest["iteration"], "hash": loaded_hash, "leftovers": leftovers}
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_damaged(state: dict) -> dict:
+    """Load deliberately damaged copies of a checkpoint (prepared by the parent) and report errors."""
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    outcome = {}
+    root = _shared("damaged")
+    for case in sorted(os.listdir(root)):
+        before = run.param_hash()
+        try:
+            acc.load_state(os.path.join(root, case))
+            outcome[case] = {"raised": None}
+        except unified.CheckpointError as err:
+            outcome[case] = {"raised": "CheckpointError", "message": str(err)}
+        except Exception as err:  # noqa: BLE001 - the test wants to see anything else
+            outcome[case] = {"raised": type(err).__name__, "message": str(err)}
+        outcome[case]["untouched"] = run.param_hash() == before
+    outcome["__pwned__"] = os.path.exists(_shared("PWNED"))
+    return outcome
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_save_for_damage(state: dict) -> dict:
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    return {"path": acc.save_state(_shared("pristine"))}
+
+
+# -- data ------------------------------------------------------------------------------------------
+class CountingDataset:
+    """Map-style data whose samples are their own index; counts __getitem__ calls."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        self.calls += 1
+        return {"x": np.array([i], dtype=np.int64)}
+
+
+def _rows(batch) -> list:
+    """This process's sample ids of a batch (torch tensor or global jax.Array)."""
+    x = batch["x"]
+    if hasattr(x, "addressable_shards"):
+        x = np.concatenate([np.asarray(s.data) for s in x.addressable_shards])
+    return np.asarray(x).ravel().tolist()
+
+
+def _loader(acc, n=10, batch_size=2, seed=5, prefetch=0):
+    dataset = CountingDataset(n)
+    return dataset, acc.prepare(unified.DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=seed,
+                                                   prefetch=prefetch))
+
+
+@scenario
+def data_epochs(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc)
+    epochs = [[_rows(b) for b in loader] for _ in range(2)]
+    batch = next(iter(loader))  # epoch 2's first batch: a global jax.Array on JAX
+    gathered = np.asarray(acc.gather(batch["x"])).ravel().tolist()
+    loss_like = acc.reduce(batch["x"].sum() * 0 + 1, "sum")  # a jitted step's replicated scalar
+    return {"epochs": epochs, "padding": [loader.padding_in_batch(k) for k in range(len(loader))],
+            "gathered": gathered, "first_rows": _rows(batch), "reduced": float(np.asarray(loss_like))}
+
+
+@scenario
+def data_skip(state: dict) -> dict:
+    acc = state["acc"]
+    dataset, loader = _loader(acc)
+    _, reference = _loader(acc)
+    ref = [[_rows(b) for b in reference] for _ in range(3)]
+    first = [_rows(b) for b in loader]
+    dataset.calls = 0
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 2)]
+    calls = dataset.calls
+    after = [_rows(b) for b in loader]
+    return {"ref": ref, "first": first, "skipped": skipped, "calls": calls, "after": after,
+            "batch_size": loader.batch_size}
+
+
+@scenario
+def data_resume(state: dict) -> dict:
+    """Save mid-epoch; a fresh Accelerator loads and continues (with and without a manual skip)."""
+    acc = Accelerator(timeout=60)
+    target = _shared(f"data_ckpt_{acc.num_processes}")
+    _, loader = _loader(acc, n=24, batch_size=2)
+    seen = []
+    for i, batch in enumerate(loader):
+        seen.append(_rows(batch))
+        if i == 2:
+            acc.save_state(target)
+            break
+    expected = [_rows(b) for b in loader] + [_rows(b) for b in loader]  # rest of epoch 0, then epoch 1
+    outcomes = {}
+    for manual_skip in (False, True):
+        fresh = Accelerator(timeout=60)
+        _, again = _loader(fresh, n=24, batch_size=2)
+        fresh.load_state(target)
+        first = fresh.skip_first_batches(again, 3) if manual_skip else again
+        outcomes[str(manual_skip)] = [_rows(b) for b in first] + [_rows(b) for b in again]
+    # the same with batches placed ahead in a background thread: a prefetched batch is not consumed
+    ahead = Accelerator(timeout=60)
+    _, loader = _loader(ahead, n=24, batch_size=2, prefetch=3)
+    seen_ahead = []
+    for i, batch in enumerate(loader):
+        seen_ahead.append(_rows(batch))
+        if i == 2:
+            time.sleep(0.2)  # the producer runs ahead meanwhile
+            ahead.save_state(target + "_prefetch")
+            break
+    fresh = Accelerator(timeout=60)
+    _, again = _loader(fresh, n=24, batch_size=2, prefetch=3)
+    fresh.load_state(target + "_prefetch")
+    return {"expected": expected, "resumed": outcomes["False"], "resumed_with_skip": outcomes["True"], "seen": seen,
+            "seen_prefetch": seen_ahead, "resumed_prefetch": [_rows(b) for b in again] + [_rows(b) for b in again]}
+
+
+@scenario
+def data_save_for_other_count(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc, n=24, batch_size=1)
+    global_order = loader.epoch_order(0).tolist()
+    for i, _ in enumerate(loader):
+        if i == 5:  # 6 global batches of 2 = 12 samples consumed
+            acc.save_state(_shared("data_ckpt_count"))
+            break
+    return {"order": global_order}
+
+
+@scenario
+def data_load_other_count(state: dict) -> dict:
+    acc = state["acc"]
+    _, loader = _loader(acc, n=24, batch_size=1)
+    import warnings
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        acc.load_state(_shared("data_ckpt_count"))
+    return {"rest": [_rows(b) for b in loader], "position": loader.position}
+
+
+@scenario(requires=("ForeignLoaders",))
+def data_torch_workers(state: dict) -> dict:
+    import torch
+
+    acc = state["acc"]
+
+    dataset = CountingDataset(10)
+    loader = acc.prepare(torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True, num_workers=2))
+    _, reference = _loader(acc, seed=acc.seed or 0)
+    epochs = [[_rows(b) for b in loader] for _ in range(2)]
+    ref = [[_rows(b) for b in reference] for _ in range(2)]
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 1)]
+    return {"epochs": epochs, "ref": ref, "skipped_rows": skipped, "ref_epoch2": [_rows(b) for b in reference]}
+
+
+
+
+@scenario(requires=("ShardedArrays",), kit=("sharded_table",))
+def ckpt_sharded(state: dict) -> dict:
+    """An array sharded across processes goes through the backend's sharded format and comes
+    back in place; damaged copies of it are refused."""
+    from .kit import kit_of
+
+    ShardedTable = kit_of(state["acc"].backend).sharded_table
+    fresh = Accelerator(timeout=60)
+    table = ShardedTable(fresh, 1.0)
+    fresh.register_for_checkpointing(table)
+    path = fresh.save_state(_shared("sharded_ckpt"))
+    table.table = ShardedTable(fresh, 50.0).table  # changed after the save
+    fresh.load_state(path)
+    mine = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
+    # Damaged copies (issue 11, finding 11): Orbax must never open a file the manifest does not list.
+    damaged = _shared("sharded_damaged")
+    if fresh.is_main_process:
+        _damage_sharded(path, damaged)
+    fresh.wait_for_everyone()
+    refused = {}
+    for case in sorted(os.listdir(damaged)):
+        try:
+            fresh.load_state(os.path.join(damaged, case))
+            refused[case] = None
+        except unified.CheckpointError as err:
+            refused[case] = str(err)
+    # Issue 11, finding 4: Orbax opens the sharded files after they were verified; one that changes
+    # meanwhile (here rewritten with its own bytes, which moves its change time) is refused on
+    # every process, with nothing restored.
+    from unified.checkpoint import manager as manager_module
+
+    real_verify = manager_module.CheckpointManager._verify_sharded_tree
+
+    def verify_then_rewrite(self, directory, manifest):
+        verified = real_verify(self, directory, manifest)
+        time.sleep(0.05)  # past the file system's clock tick
+        if fresh.is_main_process:
+            victim = sorted(verified)[-1]
+            with open(victim, "rb") as handle:
+                data = handle.read()
+            with open(victim, "r+b") as handle:
+                handle.write(data)
+        return verified
+
+    table.table = ShardedTable(fresh, 70.0).table
+    before = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
+    manager_module.CheckpointManager._verify_sharded_tree = verify_then_rewrite
+    try:
+        fresh.load_state(path)
+        changed = None
+    except unified.CheckpointError as err:
+        changed = str(err)
+    finally:
+        manager_module.CheckpointManager._verify_sharded_tree = real_verify
+    untouched = [np.asarray(s.data).tolist() for s in table.table.addressable_shards] == before
+    return {"mine": mine, "sharding_kept": table.table.sharding == table.sharding,
+            "listing": sorted(os.listdir(path)), "refused": refused, "changed": changed, "untouched": untouched}
+
+
+def _damage_sharded(pristine: str, root: str) -> None:
+    """Copies of a sharded checkpoint: an unlisted file and a link inside sharded.orbax/, and a
+    re-signed manifest that names sharded arrays but lists none of their files."""
+    from unified.checkpoint.manifest import _digest
+
+    def copy(case: str) -> str:
+        shutil.copytree(pristine, os.path.join(root, case), symlinks=True)
+        return os.path.join(root, case)
+
+    extra = copy("unlisted_file")
+    with open(os.path.join(extra, "sharded.orbax", "_EXTRA_METADATA"), "w") as handle:
+        handle.write("{}")
+    linked = copy("link_inside")
+    listed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(linked, "sharded.orbax"))
+                    for name in names)
+    victim = listed[-1]
+    os.replace(victim, victim + ".real")
+    os.symlink(victim + ".real", victim)
+    unlisted = copy("files_not_listed")
+    manifest_path = os.path.join(unlisted, "manifest.json")
+    doc = json.load(open(manifest_path))
+    doc.pop("manifest_xxh3")
+    doc["files"] = {k: v for k, v in doc["files"].items() if not k.startswith("sharded.orbax/")}
+    doc["manifest_xxh3"] = _digest(doc)
+    with open(manifest_path, "w") as handle:
+        json.dump(doc, handle)
+
+
+class Stream:
+    """Iterable data (no __len__/__getitem__) of sample ids; counts the items it yields."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.reads = n, 0
+
+    def __iter__(self):
+        for i in range(self.n):
+            self.reads += 1
+            yield {"x": np.array([i], dtype=np.int64)}
+
+
+class StatefulStream(Stream):
+    """torchdata's protocol: the position lives in the dataset and resumes without re-reading."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.next = 0
+
+    def __iter__(self):
+        while self.next < self.n:
+            i, self.next = self.next, self.next + 1
+            self.reads += 1
+            yield {"x": np.array([i], dtype=np.int64)}
+        self.next = 0
+
+    def state_dict(self) -> dict:
+        return {"next": self.next}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next = state["next"]
+
+
+@scenario
+def data_iterable(state: dict) -> dict:
+    acc = Accelerator(timeout=60)
+    plain = Stream(20)
+    loader = acc.prepare(unified.DataLoader(plain, batch_size=2))
+    epoch0 = [_rows(b) for b in loader]
+    skipped = [_rows(b) for b in acc.skip_first_batches(loader, 2)]
+    read_to_skip = loader.items_read_to_skip
+    dropping = Accelerator(timeout=60).prepare(unified.DataLoader(Stream(20), batch_size=2, drop_last=True))
+    epoch0_drop_last = [_rows(b) for b in dropping]
+    target = _shared(f"iter_ckpt_{acc.num_processes}")
+    stream = StatefulStream(20)
+    live = acc.prepare(unified.DataLoader(stream, batch_size=2))
+    first = []
+    for i, batch in enumerate(live):
+        first.append(_rows(batch))
+        if i == 1:
+            acc.save_state(target)
+            break
+    rest = [_rows(b) for b in live]
+    fresh = Accelerator(timeout=60)
+    _ = fresh.prepare(unified.DataLoader(Stream(20), batch_size=2))
+    again_stream = StatefulStream(20)
+    again = fresh.prepare(unified.DataLoader(again_stream, batch_size=2))
+    fresh.load_state(target)
+    resumed = [_rows(b) for b in fresh.skip_first_batches(again, 2)]
+    return {"epoch0": epoch0, "epoch0_drop_last": epoch0_drop_last, "skipped": skipped, "read_to_skip": read_to_skip,
+            "first": first, "rest": rest,
+            "resumed": resumed, "resumed_reads": again_stream.reads}
+
+
+# -- async saves and in-place edits (issue 11, finding 1) -------------------------------------------
+class LiveArray:
+    """A registered object whose ``state_dict`` hands out its live NumPy array (no copy)."""
+
+    def __init__(self) -> None:
+        self.values = np.arange(8, dtype=np.float64)
+
+    def state_dict(self) -> dict:
+        return {"values": self.values}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values[...] = state["values"]
+
+
+def _hold_writer(where: str):
+    """Make the next write of a background save stop at ``where`` ("file": before a file is
+    written, "chunk": after its first bytes were hashed, before they are written) until the
+    returned ``release()``; ``wait_reached()`` says whether the writer got there."""
+    import threading
+
+    from unified.checkpoint import safetensors_io
+
+    reached, go = threading.Event(), threading.Event()
+    name = {"file": "write", "chunk": "_pwrite_all"}[where]
+    original = getattr(safetensors_io, name)
+
+    def held(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread() and not reached.is_set():
+            reached.set()
+            go.wait(60)
+        return original(*args, **kwargs)
+
+    setattr(safetensors_io, name, held)
+
+    def release() -> None:
+        go.set()
+        setattr(safetensors_io, name, original)
+
+    return (lambda: reached.wait(30)), release
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_async_edits(state: dict) -> dict:
+    """Edit saved state in place while an async save writes it (total_limit=1): every committed
+    checkpoint must load and hold the state of the save_state call; a save that cannot hold it
+    fails loudly and keeps the previous checkpoint."""
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=7, project_config=unified.ProjectConfiguration(
+        _shared("async_edits"), automatic_checkpoint_naming=True, total_limit=1))
+    state["acc"] = acc
+    run, live = make(acc), LiveArray()
+    acc.register_for_checkpointing(live)
+    run.step()
+    acc.save_state()
+    outcome = {}
+    previous = (run.param_hash(), live.values.tolist())
+
+    def which(observed, at_call, edited, part):
+        names = {"at_call": at_call[part], "previous": previous[part], "edited": edited[part]}
+        return next((name for name, value in names.items() if value == observed), "other")
+
+    for case, where, tracked in (("tracked_edit_before_write", "file", True),
+                                 ("untracked_edit_between_hash_and_write", "chunk", False)):
+        run.step()
+        live.values[0] += 1.0  # the registered object changes with every step too
+        at_call = (run.param_hash(), live.values.tolist())
+        reached, release = _hold_writer(where)
+        acc.save_state(async_save=True)
+        held = reached()
+        run.edit_in_place(1.0, tracked=tracked)
+        live.values += 100.0
+        edited = (run.param_hash(), live.values.tolist())
+        release()
+        try:
+            acc.wait_for_checkpoint()
+            raised = None
+        except unified.CheckpointError as err:
+            raised = str(err)
+        result = {"held": held, "raised": raised, "load_error": None}
+        try:
+            acc.load_state()
+            loaded = (run.param_hash(), live.values.tolist())
+            result.update(params=which(loaded[0], at_call, edited, 0), live=which(loaded[1], at_call, edited, 1))
+        except unified.CheckpointError as err:
+            result["load_error"] = str(err)
+        outcome[case] = result
+        previous = at_call if raised is None else previous
+        acc.wait_for_everyone()
+    return outcome
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_mismatch(state: dict) -> dict:
+    """Load a checkpoint into a model that differs from the saving run's (issue 11, finding 15):
+    a bias of another dtype on every process, or a weight of another shape on the last process
+    only. Every process raises CheckpointError naming the tensor, promptly, with nothing restored."""
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    make(acc).step()
+    path = acc.save_state(_shared("mismatch_source"))
+    outcome = {}
+    for change, everywhere in (("dtype", True), ("shape", False)):
+        fresh = Accelerator(timeout=60, seed=3)
+        run = make(fresh)
+        if everywhere or fresh.is_last_process:
+            run.change_first_layer(change)
+        before, start = run.param_hash(), time.monotonic()
+        try:
+            fresh.load_state(path)
+            result = {"raised": None}
+        except unified.CheckpointError as err:
+            result = {"raised": "CheckpointError", "message": str(err)}
+        result.update(untouched=run.param_hash() == before, elapsed=time.monotonic() - start)
+        outcome[change] = result
+    return outcome
+
+
+@scenario(requires=("TrainingObjects",))
+def ckpt_commit_failures(state: dict) -> dict:
+    """Issue 11, findings 16 and 7: a checkpoint that a save interrupted between its two renames
+    set aside is put back by one process while the others wait (for `load_state()` on a plain
+    project_dir and for an explicit directory); a commit that fails on the main process (full
+    disk while writing the manifest) reaches every process at once and leaves nothing behind."""
+    import errno
+
+    from .training import make
+    from unified.checkpoint import manager as manager_module
+
+    target = _shared("interrupted")
+    acc = Accelerator(timeout=60, seed=3, project_dir=target)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    acc.save_state()  # without automatic naming: project_dir itself is the checkpoint
+    saved = run.param_hash()
+    outcome = {}
+    for case, argument in (("project_dir", None), ("explicit", target)):
+        acc.wait_for_everyone()
+        if acc.is_main_process:  # a crash between commit's two renames, as `layout.commit` leaves it
+            parent, name = os.path.split(target)
+            os.rename(target, os.path.join(parent, f".{name}.old-{'a1b2c3d4e5f6' if case == 'explicit' else '0123456789ab'}"))
+        acc.wait_for_everyone()
+        run.step()
+        try:
+            acc.load_state(argument)
+            outcome[case] = {"raised": None, "restored": run.param_hash() == saved}
+        except Exception as err:  # noqa: BLE001 - the test wants to see what it was
+            outcome[case] = {"raised": type(err).__name__, "message": str(err)}
+    real_write = manager_module.write_manifest
+
+    def full_disk(directory, body):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory)
+
+    if acc.is_main_process:
+        manager_module.write_manifest = full_disk
+    start = time.monotonic()
+    try:
+        acc.save_state(_shared("commit_fails"))
+        outcome["commit"] = {"raised": None}
+    except Exception as err:  # noqa: BLE001
+        outcome["commit"] = {"raised": type(err).__name__, "message": str(err)}
+    finally:
+        manager_module.write_manifest = real_write
+    outcome["commit"]["elapsed"] = time.monotonic() - start
+    acc.wait_for_everyone()
+    outcome["commit"]["left"] = sorted(n for n in os.listdir(_shared()) if "commit_fails" in n)
+    return outcome
+
+
+# -- experiment trackers (run at the end of the data groups) ---------------------------------------
+TRACKED_STEPS = 3
+TRACKER_PACKAGES = ("tensorboardX", "mlflow", "wandb")
+
+
+@scenario
+def tracking(state: dict) -> dict:
+    """Every installed tracker: Python numbers and replicated 0-d framework arrays logged at 3
+    steps, under logging_dir; only process 0 writes (the others import no tracker package);
+    end_training closes the runs. The parent reads the files back (unified/testing/tracker_files.py)."""
+    import sys
+
+    from unified.tracking import available_trackers
+
+    from unified.registry import backend_names, backend_spec
+
+    names = available_trackers()
+    acc = Accelerator(timeout=60, log_with=names or None, project_dir=_shared("tracking"))
+    frameworks = {backend_spec(name).framework for name in backend_names()}
+    frameworks_before = sorted(f for f in frameworks if f in sys.modules)
+    acc.init_trackers("conformance", config={"lr": 0.5, "layers": [2, 3], "name": "tiny"})
+    framework_arrays = []
+    for step in range(1, TRACKED_STEPS + 1):
+        reduced = acc.reduce(acc._backend.from_numpy(np.array(float(step), dtype=np.float32)), "sum")
+        framework_arrays.append(acc._backend.is_array(reduced))
+        acc.log({"loss": 1.0 / step, "reduced": reduced, "count": 10 * step}, step=step)
+    handles = {name: type(acc.get_tracker(name, unwrap=True)).__name__ for name in names}
+    wrapped = {name: type(acc.get_tracker(name)).__name__ for name in names}
+    writer = acc.get_tracker("tensorboard", unwrap=True) if "tensorboard" in names and acc.is_main_process else None
+    started = [t.name for t in acc.trackers]
+    acc.end_training()
+    return {"names": names, "started": started, "handles": handles, "wrapped": wrapped,
+            "framework_arrays": framework_arrays,
+            "imported": sorted(m for m in TRACKER_PACKAGES if m in sys.modules),
+            "frameworks_before": frameworks_before, "frameworks_after": sorted(f for f in frameworks if f in sys.modules),
+            "writer_closed": writer is None or writer.file_writer is None,
+            "after_end": [t.name for t in acc.trackers]}
+
+
+@scenario(requires=("TrainingObjects", "HealthChannel",))
+def ckpt_async_part_failures(state: dict) -> dict:
+    """An async save whose last process cannot write its part reaches every process at once (as a
+    failed synchronous commit does), and leaves nothing behind: a full disk there (its files and
+    its part marker fail), or only the marker failing. The main process learns it through the
+    group's health channel, not from the marker file it would otherwise wait for until the timeout."""
+    import errno
+
+    from .training import make
+    from unified.checkpoint import manager as manager_module
+
+    acc = Accelerator(timeout=60, seed=3)
+    state["acc"] = acc
+    run = make(acc)
+    run.step()
+    real_write, real_marker = manager_module.safetensors_io.write, manager_module._write_part_marker
+
+    def full_disk(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    outcome = {"applies": True}
+    for case in ("full_disk", "marker"):
+        if acc.is_last_process:
+            manager_module._write_part_marker = full_disk
+            if case == "full_disk":
+                manager_module.safetensors_io.write = full_disk
+        start = time.monotonic()
+        try:
+            acc.save_state(_shared(f"async_part_{case}"), async_save=True)
+            acc.wait_for_checkpoint()
+            result = {"raised": None}
+        except Exception as err:  # noqa: BLE001 - the test wants to see what it was
+            result = {"raised": type(err).__name__, "message": str(err)}
+        finally:
+            manager_module.safetensors_io.write, manager_module._write_part_marker = real_write, real_marker
+        result["elapsed"] = time.monotonic() - start
+        acc.wait_for_everyone()
+        result["left"] = sorted(n for n in os.listdir(_shared()) if f"async_part_{case}" in n)
+        outcome[case] = result
+    run.step()  # the group still works
+    acc.save_state(_shared("async_part_after"), async_save=True)
+    acc.wait_for_checkpoint()
+    outcome["saved_after"] = os.path.isfile(_shared("async_part_after", "manifest.json"))
+    return outcome

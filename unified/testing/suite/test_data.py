@@ -1,0 +1,140 @@
+"""Conformance: sharded data, batch skipping and mid-epoch resume, in groups of 2 and 3; the
+same groups end with the experiment trackers (process start-up is the expensive part)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from unified.tracking import available_trackers
+
+from ..harness import run_group
+from ..tracker_files import READER_MODULES, READERS
+from ..scenarios import TRACKED_STEPS, data_epochs, data_iterable, data_load_other_count, data_resume, data_save_for_other_count, data_skip, data_torch_workers, start, tracking
+
+pytestmark = pytest.mark.multiprocess
+SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, tracking]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
+def group(request, backend, tmp_path_factory):
+    size = request.param
+    shared = tmp_path_factory.mktemp("data")
+    return run_group(backend, size, SCENARIOS, shared).ok()
+
+
+def _global(rows_per_process, batch):
+    return [x for rows in rows_per_process for x in rows[batch]]
+
+
+def _epoch_sequence(results, epoch, padding):
+    batches = len(results[0]["epochs"][epoch])
+    sequence = []
+    for k in range(batches):
+        full = _global([r["epochs"][epoch] for r in results], k)
+        sequence += full[: len(full) - padding[k]]
+    return sequence
+
+
+def test_each_sample_once_per_epoch_and_epochs_differ(group):
+    results = group.scenario(data_epochs)
+    padding = results[0]["padding"]
+    e0, e1 = (_epoch_sequence(results, e, padding) for e in (0, 1))
+    assert sorted(e0) == list(range(10)) and sorted(e1) == list(range(10))
+    assert e0 != e1
+    # gather of a prepared batch is the global batch in process order, on both backends
+    assert all(r["gathered"] == [x for q in results for x in q["first_rows"]] for r in results)
+    assert all(r["reduced"] == group.size for r in results)
+
+
+def test_same_seed_same_order_at_any_process_count(group):
+    results = group.scenario(data_epochs)
+    order = _epoch_sequence(results, 0, results[0]["padding"])
+    # the same global order at 2 and 3 processes: both equal the definition from (seed, epoch)
+    from unified.data import ShuffledOrder
+
+    assert order == ShuffledOrder(10, 5, 0).tolist()
+
+
+def test_skip_first_batches_loads_nothing_skipped_and_shares_the_epoch(group):
+    for r in group.scenario(data_skip):
+        ref = r["ref"]
+        assert r["first"] == ref[0]
+        assert r["skipped"] == ref[1][2:]
+        assert r["calls"] == len(r["skipped"]) * r["batch_size"]  # only the yielded batches were loaded
+        assert r["after"] == ref[2]
+
+
+def test_mid_epoch_resume_with_and_without_manual_skip(group):
+    for r in group.scenario(data_resume):
+        assert r["resumed"] == r["expected"]
+        assert r["resumed_with_skip"] == r["expected"]
+        assert r["seen_prefetch"] == r["seen"]  # unified.DataLoader(prefetch=3): the same batches...
+        assert r["resumed_prefetch"] == r["expected"]  # ...and a resume at the first one not received
+
+
+def test_torch_worker_processes_keep_order_and_skipping(group):
+    for r in group.scenario(data_torch_workers):
+        assert r["epochs"] == r["ref"]
+        assert r["skipped_rows"] == r["ref_epoch2"][1:]
+
+
+def test_resume_with_another_process_count_continues_at_the_same_sample(backend, tmp_path):
+    saved = run_group(backend, 2, [start, data_save_for_other_count], tmp_path).ok()
+    loaded = run_group(backend, 3, [start, data_load_other_count], tmp_path).ok()
+    order = saved.scenario(data_save_for_other_count)[0]["order"]
+    rows = loaded.scenario(data_load_other_count)
+    assert all(r["position"] == 0 for r in rows)  # the epoch was finished by iterating it
+    rest = [x for k in range(len(rows[0]["rest"])) for x in _global([r["rest"] for r in rows], k)]
+    assert rest == order[12:]
+
+
+def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
+    rows = group.scenario(data_iterable)
+    g = 2 * group.size
+    full, left = divmod(20, g)
+    for r in rows:
+        # the stream's incomplete end is a last batch filled up with its own items (drop_last=False)
+        assert len(r["epoch0"]) == full + (left > 0)
+        assert len(r["epoch0_drop_last"]) == full and r["epoch0_drop_last"] == r["epoch0"][:full]
+        assert r["skipped"] == r["epoch0"][2:]          # the next epoch, from batch 2
+        assert r["read_to_skip"] == 2 * g               # read and dropped on the host
+        assert r["resumed"] == r["rest"]                # continued from the dataset's own state
+        assert r["resumed_reads"] == 20 - 2 * g         # nothing read twice
+    seen = sorted(x for r in rows for batch in r["epoch0"][:full] for x in batch)
+    assert seen == list(range(full * g))                # every process its own share, once
+    last = [x for r in rows for x in r["epoch0"][full:][0]] if left else []
+    assert sorted(set(last)) == list(range(full * g, 20))  # the end: its items, repeated to fill up
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
+def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(group, tracker):
+    if tracker not in available_trackers() or importlib.util.find_spec(READER_MODULES[tracker]) is None:
+        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): pip install -e '.[tracking,test]'")
+    main, *others = group.scenario(tracking)
+    assert tracker in main["started"] and main["after_end"] == [], main
+    assert main["handles"][tracker] == {"tensorboard": "SummaryWriter", "mlflow": "ActiveRun", "wandb": "Run"}[tracker]
+    assert all(main["framework_arrays"]), "the scenario logged the backend's own 0-d arrays"
+    assert main["writer_closed"]
+    for other in others:  # no tracker, no tracker package, get_tracker a no-op
+        assert other["started"] == [] and other["imported"] == [], other
+        assert other["wrapped"][tracker] == "NoOpTracker" and other["handles"][tracker] == "NoOpTracker", other
+    # tensorboardX imports torch when it can: not in a process that had not (a JAX run)
+    assert main["frameworks_after"] == main["frameworks_before"], main
+
+    logging_dir = group.shared / "tracking"
+    found = READERS[tracker](logging_dir, "conformance")
+    assert found["runs"] == 1, f"expected one run, written by process 0 only: {found}"
+    n = group.size
+    steps = range(1, TRACKED_STEPS + 1)
+    assert [step for step, _ in found["scalars"]["loss"]] == list(steps)
+    assert [value for _, value in found["scalars"]["loss"]] == pytest.approx([1.0 / s for s in steps])
+    assert found["scalars"]["reduced"] == [(s, float(s * n)) for s in steps]  # a framework 0-d array, summed
+    assert found["scalars"]["count"] == [(s, 10.0 * s) for s in steps]
+    assert found["config"]["lr"] == "0.5" and "tiny" in found["config"]["name"]
+    assert found["closed"] in (True, None)  # None: event files do not record it (checked by writer_closed)
+    if tracker == "tensorboard":
+        assert found["hparam_files"] == 1
+    # Nothing else in the logging directory: the three trackers' own entries.
+    assert set(os.listdir(logging_dir)) <= {"conformance", "mlflow.db", "mlartifacts", "mlruns", "wandb"}
