@@ -44,8 +44,10 @@ def test_a_backend_from_outside_passes_the_shipped_conformance_suite(tmp_path):
     capability it lacks."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(
+        # (the crash-during-save trials, 45 s, check shared commit code that torch and JAX cover here too;
+        # .ci/certify-from-wheel runs everything, from a wheel)
         [sys.executable, "-m", "pytest", "--pyargs", "unified.testing", "--unified-backend", "numpy", "-q", "-rs",
-         "-p", "no:cacheprovider"],
+         "-p", "no:cacheprovider", "-k", "not crash_during_save"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -276,7 +276,7 @@ def _signal_groups(groups: Set[int], sig: int) -> None:
             pass
 
 
-def _stop_all(procs: Sequence[subprocess.Popen], first: int = signal.SIGTERM) -> None:
+def stop_processes(procs: Sequence[subprocess.Popen], first: int = signal.SIGTERM) -> None:
     """Send ``first`` to the process group of every running child, wait up to `GRACE_SECONDS`,
     then SIGKILL those groups and the groups of everything the children started: torchrun puts
     each worker in a session of its own, out of reach of a signal to torchrun's group."""
@@ -361,7 +361,7 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
         group = _Group(procs, workers, output, interrupted, remote_peers, grace_period, status_dir, process_indices)
         code = group.supervise()
     except BaseException:
-        _stop_all(procs)
+        stop_processes(procs)
         raise
     finally:
         for s, handler in previous.items():
@@ -409,7 +409,7 @@ class _Group:
             if self.interrupted:
                 first = self.interrupted[0]
                 if first not in PREEMPTION_SIGNALS or len(self.interrupted) > 1 or self.grace_period <= 0:
-                    _stop_all(self.procs, signal.SIGINT if first == signal.SIGINT else signal.SIGTERM)
+                    stop_processes(self.procs, signal.SIGINT if first == signal.SIGINT else signal.SIGTERM)
                     return 128 + first
                 if grace_until is None:
                     grace_until = now + self.grace_period
@@ -422,10 +422,10 @@ class _Group:
                 if now >= grace_until:
                     _note(f"unified launch: the processes did not exit within the {self.grace_period:g}s grace period; "
                           f"stopping them.{see('launch-grace-period-over')}")
-                    _stop_all(self.procs)
+                    stop_processes(self.procs)
                     return 128 + first
             if self.output.closed.is_set():
-                _stop_all(self.procs)
+                stop_processes(self.procs)
                 return OUTPUT_CLOSED_CODE
             codes = [p.poll() for p, _ in self.mains]
             failed = [c for c in codes if c not in (None, 0)]
@@ -441,7 +441,7 @@ class _Group:
             time.sleep(0.05)
         if all(c == 0 for c in codes):
             time.sleep(SERVICE_LINGER_SECONDS if len(self.mains) < len(self.procs) and self.remote_peers else 0)
-        _stop_all(self.procs)
+        stop_processes(self.procs)
         return self._code([p.returncode for p, _ in self.mains], failed)
 
     def _code(self, codes: List[int], failed: List[Optional[int]]) -> int:

@@ -237,7 +237,14 @@ class MLflowTracker(GeneralTracker):
         artifacts = None
         if self.tracking_uri is None:
             self.tracking_uri, artifacts = self._local_store()
+        exported = os.environ.get("MLFLOW_TRACKING_URI")
         mlflow.set_tracking_uri(self.tracking_uri)
+        # MLflow also exports the URI; leave the environment as Accelerate's tracker does (untouched),
+        # so that a later run in this process, or a process it starts, does not write into this store.
+        if exported is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = exported
         self._client = mlflow.MlflowClient(self.tracking_uri)
         experiment = mlflow.get_experiment_by_name(self.experiment_name)
         experiment_id = (experiment.experiment_id if experiment is not None else

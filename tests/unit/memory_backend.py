@@ -20,7 +20,7 @@ import numpy as np
 from unified.backend import ArrayCollectives, Backend
 from unified.errors import BarrierTimeout
 
-__all__ = ["MemoryGroup", "MemoryBackend", "run_threads", "run_group", "unwrap", "RankTimeout"]
+__all__ = ["MemoryGroup", "MemoryBackend", "run_threads", "run_accelerators", "unwrap", "RankTimeout"]
 
 
 class RankTimeout(Exception):
@@ -313,7 +313,7 @@ def unwrap(results: List[Any]) -> List[Any]:
     return results
 
 
-def run_group(n: int, body: Callable[[Any], Any], *, timeout: float = 5.0, deadline: float = 15.0,
+def run_accelerators(n: int, body: Callable[[Any], Any], *, timeout: float = 5.0, deadline: float = 15.0,
               local_num_processes: Optional[int] = None, **accelerator_kwargs: Any):
     """Build a `MemoryGroup`, run ``body(accelerator)`` on every rank; return ``(group, results)``.
 

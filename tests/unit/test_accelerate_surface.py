@@ -8,7 +8,7 @@ import pytest
 
 from unified import DistributedType, ProjectConfiguration
 
-from .memory_backend import MemoryGroup, run_group, unwrap
+from .memory_backend import MemoryGroup, run_accelerators, unwrap
 
 # Accelerate 1.15's members, in its order (accelerate.utils.DistributedType)
 ACCELERATE_MEMBERS = ["NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
@@ -46,7 +46,7 @@ def test_state_and_process_decorators_in_a_group():
 
         return repr(acc.state), second(), first_of_machine(), last(), acc.use_distributed
 
-    _, results = run_group(3, body, local_num_processes=3)
+    _, results = run_accelerators(3, body, local_num_processes=3)
     for rank, (state, second, local, last, distributed) in enumerate(unwrap(results)):
         assert state.startswith(f"Distributed environment: DistributedType.MULTI_CPU  Backend: memory\n"
                                 f"Num processes: 3\nProcess index: {rank}\nLocal process index: {rank}\n")
@@ -97,7 +97,7 @@ def test_save_writes_safetensors_on_the_main_process_only(tmp_path):
         acc.save({"w": np.arange(3, dtype=np.float32)}, str(tmp_path / "w.safetensors"), safe_serialization=True)
         return None
 
-    run_group(2, body)
+    run_accelerators(2, body)
     path = tmp_path / "w.safetensors"
     from safetensors.numpy import load_file
 
@@ -222,7 +222,7 @@ def test_split_between_processes_in_a_group_of_three():
                 acc.split_between_processes(list("abcd"), apply_padding=True) as padded:
             return letters, columns["x"].tolist(), columns["y"], padded
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     assert unwrap(results) == [(["a", "b"], [0, 1], ["v", "w"], ["a", "b"]),
                                (["c", "d"], [2, 3], ["x", "y"], ["c", "c"]),
                                (["e"], [4], ["z"], ["d", "d"])]
@@ -233,7 +233,7 @@ def test_split_between_processes_refuses_uneven_dict_values():
         with acc.split_between_processes({"x": [1, 2], "y": [1]}):
             pass
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     assert all(isinstance(r, ValueError) and "same length" in str(r) for r in results)
 
 
@@ -297,7 +297,7 @@ def test_function_forms_of_the_collectives_act_through_the_live_accelerator():
             after = str(err)
         return gathered, shared, total.tolist(), after
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     for gathered, shared, total, after in unwrap(results):
         assert gathered == [0, "r0", 1, "r1"] and shared == [1, "x"] and total == [1.0]
         assert "live Accelerator" in after
@@ -346,5 +346,5 @@ def test_multi_device_is_false_for_a_group_on_cpu_whatever_its_distributed_type(
         acc._backend.group_distributed_type = "JAX"
         return acc.multi_device
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     assert unwrap(results) == [False, False]

@@ -16,7 +16,7 @@ from unified import Accelerator, BackendUnavailable, DistributedType, ProjectCon
 from unified.registry import resolve_backend_name
 from unified.rng import capture_host_rng, restore_host_rng, set_seed
 
-from .memory_backend import MemoryGroup, run_group, unwrap
+from .memory_backend import MemoryGroup, run_accelerators, unwrap
 
 
 # -- identity ------------------------------------------------------------------------------------------
@@ -30,7 +30,7 @@ def test_identity_properties_multi_process():
             repr=repr(acc),
         )
 
-    group, results = run_group(4, body, timeout=7.0, local_num_processes=2)
+    group, results = run_accelerators(4, body, timeout=7.0, local_num_processes=2)
     for rank, info in enumerate(unwrap(results)):
         assert info["process_index"] == rank
         assert info["local_process_index"] == rank % 2
@@ -104,7 +104,7 @@ def test_print_only_on_main_process(capsys):
         acc.print("hello from", acc.process_index, sep="|", end="!\n")
         return True
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     assert unwrap(results) == [True] * 3
     assert capsys.readouterr().out == "hello from|0!\n"
 
@@ -123,7 +123,7 @@ def test_on_main_process_and_on_local_main_process_decorators():
         assert main_only.__name__ == "main_only" and main_only.__doc__ == "Main's docstring."
         return main_only(1, y=2), local_only()
 
-    _, results = run_group(4, body, local_num_processes=2)
+    _, results = run_accelerators(4, body, local_num_processes=2)
     assert unwrap(results) == [((0, 1, 2), 0), (None, None), (None, 2), (None, None)]
 
 
@@ -168,7 +168,7 @@ def test_single_process_body_exception_propagates_unchanged():
 
 
 def test_end_training_waits_then_shuts_down():
-    group, results = run_group(2, lambda acc: acc.end_training())
+    group, results = run_accelerators(2, lambda acc: acc.end_training())
     unwrap(results)
     assert all(b.shut_down for b in group.backends)
     assert [c[-1] for c in group.calls] == ["end_training #1"] * 2
@@ -381,7 +381,7 @@ def test_register_for_checkpointing_names_offenders_as_accelerate_does():
     def helper():
         pass
 
-    _, results = run_group(1, lambda a: a.register_for_checkpointing(np.zeros(1), np.ones(1), Stateful(), helper))
+    _, results = run_accelerators(1, lambda a: a.register_for_checkpointing(np.zeros(1), np.ones(1), Stateful(), helper))
     err = results[0]
     assert isinstance(err, ValueError) and isinstance(err, TypeError)
     message = str(err)

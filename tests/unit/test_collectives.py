@@ -12,7 +12,7 @@ import unified
 from unified import BarrierTimeout, DistributedError
 from unified.tree import flatten
 
-from .memory_backend import MemoryGroup, RankTimeout, run_group, run_threads, unwrap
+from .memory_backend import MemoryGroup, RankTimeout, run_accelerators, run_threads, unwrap
 
 Point = namedtuple("Point", ["x", "y"])
 
@@ -66,7 +66,7 @@ def test_keys_are_identical_across_ranks_over_mixed_operations():
         acc.gather_object(acc.process_index)
         acc.end_training()
 
-    group, results = run_group(3, body)
+    group, results = run_accelerators(3, body)
     unwrap(results)
     assert group.calls[0] == group.calls[1] == group.calls[2]
     assert len(set(group.calls[0])) == len(group.calls[0]) == 9
@@ -88,7 +88,7 @@ def test_wait_for_everyone_orders_events():
         record("after", rank)
         return True
 
-    _, results = run_group(4, body)
+    _, results = run_accelerators(4, body)
     assert unwrap(results) == [True] * 4
     last_before = max(record.index(("before", r)) for r in range(4))
     first_after = min(record.index(("after", r)) for r in range(4))
@@ -138,7 +138,7 @@ def test_wait_for_everyone_rejects_non_positive_timeout_and_group_stays_usable()
         acc.wait_for_everyone(timeout=2)
         return acc.gather_object(acc.process_index)
 
-    group, results = run_group(2, body)
+    group, results = run_accelerators(2, body)
     assert unwrap(results) == [[0, 1], [0, 1]]
     assert group.collective_counts()[0] == group.collective_counts()[1]
 
@@ -167,7 +167,7 @@ def test_main_process_first_runs_main_body_before_the_others():
             record("exit", rank)
         record("left", rank)
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     unwrap(results)
     main_exit = record.index(("exit", 0))
     for rank in (1, 2):
@@ -190,7 +190,7 @@ def test_local_main_process_first_orders_per_machine():
         record("left", rank)
         return acc.is_local_main_process
 
-    _, results = run_group(4, body, local_num_processes=2)
+    _, results = run_accelerators(4, body, local_num_processes=2)
     assert unwrap(results) == [True, False, True, False]
     first_group_done = max(record.index(("exit", r)) for r in (0, 2))
     for rank in (1, 3):
@@ -231,7 +231,7 @@ def test_exception_in_first_body_reaches_the_others(section, local):
             outcome = err
         return outcome, _after_failure(acc)
 
-    group, results = run_group(4, body, local_num_processes=local)
+    group, results = run_accelerators(4, body, local_num_processes=local)
     results = unwrap(results)
     assert isinstance(results[0][0], Boom) and str(results[0][0]) == "main failed"
     assert not isinstance(results[0][0], DistributedError)
@@ -260,7 +260,7 @@ def test_exception_in_later_body_reaches_the_first(section, local):
             outcome = err
         return outcome, _after_failure(acc)
 
-    group, results = run_group(4, body, local_num_processes=local)
+    group, results = run_accelerators(4, body, local_num_processes=local)
     results = unwrap(results)
     assert isinstance(results[3][0], Boom)
     for rank in (0, 1, 2):
@@ -277,7 +277,7 @@ def test_main_process_first_without_errors_raises_nothing_and_returns_values():
             value = acc.process_index * 10
         return value
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     assert unwrap(results) == [0, 10, 20]
 
 
@@ -293,13 +293,13 @@ def test_trigger_any_rank_sets_all_see_it_then_reset():
             seen.append(acc.check_trigger())
         return seen
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     expected = [bool(s) for s in setters]
     assert unwrap(results) == [expected] * 3
 
 
 def test_trigger_not_set_is_false():
-    _, results = run_group(2, lambda acc: acc.check_trigger())
+    _, results = run_accelerators(2, lambda acc: acc.check_trigger())
     assert unwrap(results) == [False, False]
 
 
@@ -313,7 +313,7 @@ def _tree(rank):
 
 
 def test_gather_nested_tree():
-    _, results = run_group(3, lambda acc: acc.gather(_tree(acc.process_index)))
+    _, results = run_accelerators(3, lambda acc: acc.gather(_tree(acc.process_index)))
     for out in unwrap(results):
         assert set(out) == {"a", "b", "c"}
         assert isinstance(out["b"], list) and isinstance(out["b"][1], tuple)
@@ -332,7 +332,7 @@ def test_gather_single_array_and_0d():
     def body(acc):
         return acc.gather(np.array([acc.process_index])), acc.gather(np.int32(acc.process_index + 1))
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     for vec, scalar in unwrap(results):
         np.testing.assert_array_equal(vec, [0, 1])
         np.testing.assert_array_equal(scalar, [1, 2])
@@ -342,7 +342,7 @@ def test_gather_single_array_and_0d():
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_reduce_nested_tree(reduction):
     n = 3
-    _, results = run_group(n, lambda acc: acc.reduce(_tree(acc.process_index), reduction))
+    _, results = run_accelerators(n, lambda acc: acc.reduce(_tree(acc.process_index), reduction))
     divide = n if reduction == "mean" else 1
     for out in unwrap(results):
         assert isinstance(out["a"], Point) and isinstance(out["b"][1], tuple)
@@ -355,7 +355,7 @@ def test_reduce_nested_tree(reduction):
 
 
 def test_reduce_default_is_sum():
-    _, results = run_group(2, lambda acc: acc.reduce(np.array([1.0, acc.process_index])))
+    _, results = run_accelerators(2, lambda acc: acc.reduce(np.array([1.0, acc.process_index])))
     for out in unwrap(results):
         np.testing.assert_array_equal(out, [2.0, 1.0])
 
@@ -367,7 +367,7 @@ def test_broadcast_nested_tree(src):
             return acc.broadcast(_tree(acc.process_index))
         return acc.broadcast(_tree(acc.process_index), from_process=src)
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     for out in unwrap(results):
         assert isinstance(out["a"], Point) and isinstance(out["c"], OrderedDict)
         np.testing.assert_array_equal(out["b"][0], [src, src])
@@ -386,7 +386,7 @@ def test_invalid_reduction_raises_value_error(n, reduction):
             acc.reduce({"x": np.ones(2)}, reduction)
         return str(info.value)
 
-    group, results = run_group(n, body)
+    group, results = run_accelerators(n, body)
     for message in unwrap(results):
         assert "'sum' or 'mean'" in message and repr(reduction) in message
     assert group.collective_counts() == [0] * n, "validation must happen before any collective"
@@ -399,7 +399,7 @@ def test_invalid_from_process_raises_value_error(n, bad):
             acc.broadcast(np.zeros(1), from_process=bad)
         return str(info.value)
 
-    group, results = run_group(n, body)
+    group, results = run_accelerators(n, body)
     for message in unwrap(results):
         assert "from_process" in message
         assert f"0..{n - 1}" in message and f"received {bad}" in message
@@ -412,7 +412,7 @@ def test_unsupported_leaf_raises_type_error():
             acc.gather({"name": "not an array"})
         return True
 
-    group, results = run_group(2, body)
+    group, results = run_accelerators(2, body)
     assert unwrap(results) == [True, True]
     assert group.collective_counts() == [0, 0]
 
@@ -423,7 +423,7 @@ def test_gather_object_in_process_order():
         r = acc.process_index
         return acc.gather_object({"rank": r, "name": f"p{r}", "items": [r] * r, "none": None})
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     expected = [{"rank": r, "name": f"p{r}", "items": [r] * r, "none": None} for r in range(3)]
     assert unwrap(results) == [expected] * 3
 
@@ -434,7 +434,7 @@ def test_gather_object_rejects_non_json_values_without_a_collective():
             acc.gather_object({1, 2})
         return acc.gather_object("still works")
 
-    group, results = run_group(2, body)
+    group, results = run_accelerators(2, body)
     assert unwrap(results) == [["still works"] * 2] * 2
 
 

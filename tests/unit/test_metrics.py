@@ -12,7 +12,7 @@ import pytest
 import unified
 from unified.data import BatchLayout, BatchSampledLoader
 
-from .memory_backend import run_group, unwrap
+from .memory_backend import run_accelerators, unwrap
 
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 
@@ -59,7 +59,7 @@ def test_gather_for_metrics_gives_each_sample_once_for_any_size(processes):
             results.append((_evaluate(acc, acc.prepare(unified.DataLoader(Stream(n), batch_size=b))), list(range(n))))
         return results
 
-    _, results = run_group(processes, body, deadline=60.0)
+    _, results = run_accelerators(processes, body, deadline=60.0)
     for rank_results in unwrap(results):
         for got, order in rank_results:
             assert got == order  # every sample once, in the epoch's order (map-style and streams)
@@ -70,7 +70,7 @@ def test_plain_gather_still_counts_the_repeats():
         loader = acc.prepare(unified.DataLoader(Ids(10), batch_size=3))
         return [len(acc.gather(b["x"])) for b in loader], [len(acc.gather_for_metrics(b["x"])) for b in loader]
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     for plain, metrics in unwrap(results):
         assert plain == [9, 9] and metrics == [9, 1]
 
@@ -85,7 +85,7 @@ def test_values_without_per_sample_rows_are_refused_only_where_repeats_are():
                 outcomes.append("gather-for-metrics-rows" in str(err))
         return outcomes
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     assert unwrap(results) == [[3, True]] * 3
 
 
@@ -104,7 +104,7 @@ def test_the_innermost_running_loader_decides_and_leaving_a_loop_early_forgets_i
         after = acc.gather_for_metrics(np.array([acc.process_index])).tolist()
         return seen, after
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     for seen, after in unwrap(results):
         assert seen == [[0, 1], [2], [0, 1, 2, 3], [0, 1], [2], [4]]
         assert after == [0, 1]
@@ -119,14 +119,14 @@ def test_per_sample_objects_and_arrays_by_row():
             rows += acc.gather_for_metrics(np.stack([np.arange(3) + i for i in ids]), use_gather_object=True)
         return names, rows
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     for names, rows in unwrap(results):
         assert names == [f"s{i}" for i in range(5)]
         assert [r.tolist() for r in rows] == [[i, i + 1, i + 2] for i in range(5)]
 
 
 def test_objects_must_be_a_list_of_per_sample_values():
-    _, results = run_group(1, lambda acc: acc.gather_for_metrics({"text": "abc"}))
+    _, results = run_accelerators(1, lambda acc: acc.gather_for_metrics({"text": "abc"}))
     assert isinstance(results[0], TypeError) and "gather-for-metrics-objects" in str(results[0])
 
 
@@ -138,7 +138,7 @@ def test_pad_across_processes_through_the_default_numpy_padding():
         return (acc.pad_across_processes(vec, pad_index=-1), acc.pad_across_processes(vec, pad_first=True),
                 acc.pad_across_processes(tree, dim=1, pad_index=9), acc.pad_across_processes(vec, dim=3))
 
-    _, results = run_group(3, body)
+    _, results = run_accelerators(3, body)
     for r, (vec, first, tree, untouched) in enumerate(unwrap(results)):
         assert vec.tolist() == list(range(1, r + 2)) + [-1] * (2 - r)
         assert first.tolist() == [0] * (2 - r) + list(range(1, r + 2))
@@ -189,7 +189,7 @@ def test_batch_sampler_batches_of_different_sizes_are_gathered_once(processes):
             epochs.append((got, layouts, len(loader)))
         return epochs
 
-    _, results = run_group(processes, body)
+    _, results = run_accelerators(processes, body)
     for rank_results in unwrap(results):
         for epoch, (got, layouts, steps) in enumerate(rank_results):
             k = epoch % len(BUCKETS)
@@ -205,7 +205,7 @@ def test_batch_sampler_drop_last_drops_the_incomplete_step():
         loader = _batch_loader(acc, BUCKETS, drop_last=True)
         return len(loader), [acc.gather_for_metrics(b["x"]).ravel().tolist() for b in loader]
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     for steps, got in unwrap(results):
         assert steps == 2 and got == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
@@ -215,7 +215,7 @@ def test_a_backend_with_global_batches_refuses_steps_of_unequal_batches():
         acc._backend.uneven_batches = False
         return [b["x"].ravel().tolist() for b in _batch_loader(acc, BUCKETS)]
 
-    _, results = run_group(2, body)
+    _, results = run_accelerators(2, body)
     assert all(isinstance(r, ValueError) and "uneven-batches" in str(r) for r in results)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from unified.environment import ProcessEnvironment
-from unified.launch import Launcher, free_port
+from unified.launch import Launcher, free_port, stop_processes
 from unified.registry import backend_spec, load_object
 
 from .scenario import missing_requirements, reference, requirements
@@ -58,6 +58,15 @@ def service_command(backend: str, size: int, port: int) -> Optional[List[str]]:
 
 @dataclass
 class GroupResult:
+    """What one group left: each process's results (read them by scenario), exit code, log and
+    exit time, and the scenarios it did not run for lack of a capability.
+
+    Example:
+        >>> group = run_group("jax", 3, [start, identity], tmp_path).ok()   # doctest: +SKIP
+        >>> [r["process_index"] for r in group.scenario(identity)]           # doctest: +SKIP
+        [0, 1, 2]
+    """
+
     results: List[dict]        # one dict per process: scenario name -> returned value
     returncodes: List[Optional[int]]
     logs: List[str]
@@ -181,18 +190,10 @@ def run_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: 
             if exit_times[i] is None and proc.poll() is not None:
                 exit_times[i] = time.time()
         time.sleep(0.02)
-    for proc in procs:  # escalate: SIGTERM, then SIGKILL; only our own process groups
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    time.sleep(0.5)
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_processes(procs)  # the launcher's escalation: SIGTERM, SIGKILL after its grace; our own process groups only
     elapsed = time.monotonic() - start
     if service is not None:
-        os.killpg(service.pid, signal.SIGKILL)
-        service.wait()
+        stop_processes([service], first=signal.SIGKILL)
     for log in logs:
         log.close()
     results = []

@@ -21,11 +21,6 @@ pytestmark = pytest.mark.multiprocess
 DEADLINE = 300.0
 
 
-def _ok(group):
-    assert all(rc == 0 for rc in group.returncodes), group.show_logs()
-    return group
-
-
 @pytest.fixture(scope="module")
 def runs(backend, tmp_path_factory):
     """Four groups. ``first`` (2): train and save, bf16 and accumulation, async saves, then a save
@@ -37,16 +32,15 @@ def runs(backend, tmp_path_factory):
     if lacking:  # every group starts from the checkpoints this one saves: start none
         pytest.skip(lacking["shard_train_and_save"])
     shared = tmp_path_factory.mktemp(f"sharded-{backend}")
-    env = {"UNIFIED_TEST_SHARED": str(shared)}
     first = run_group(backend, 2, [shard_train_and_save, shard_mixed_precision_and_accumulation, shard_async_save,
-                                   shard_killed_mid_save], shared, deadline=DEADLINE, extra_env=env,
+                                   shard_killed_mid_save], shared, deadline=DEADLINE,
                       kill_when=shared / "kill_now", kill_delay=0.2)
     first.scenario(shard_train_and_save)  # the later groups load its checkpoints: its logs if it failed
-    three = _ok(run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged], shared,
-                          deadline=DEADLINE, extra_env={**env, OPTIMIZER_FIRST: "1"}))
-    one = _ok(run_group(backend, 1, [shard_load_from_2], shared, deadline=DEADLINE, extra_env=env))
-    back = _ok(run_group(backend, 2, [shard_resume_after_kill, shard_load_from_3, shard_damaged], shared,
-                         deadline=DEADLINE, extra_env=env))
+    three = run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged], shared,
+                      deadline=DEADLINE, extra_env={OPTIMIZER_FIRST: "1"}).ok()
+    one = run_group(backend, 1, [shard_load_from_2], shared, deadline=DEADLINE).ok()
+    back = run_group(backend, 2, [shard_resume_after_kill, shard_load_from_3, shard_damaged], shared,
+                     deadline=DEADLINE).ok()
     return SimpleNamespace(first=first, three=three, one=one, back=back)
 
 
