@@ -111,7 +111,7 @@ def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
 @pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
 def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(group, tracker):
     if tracker not in available_trackers() or importlib.util.find_spec(READER_MODULES[tracker]) is None:
-        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): pip install -e '.[tracking,test]'")
+        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): pip install 'unified[tracking,test]'")
     main, *others = group.scenario(tracking)
     assert tracker in main["started"] and main["after_end"] == [], main
     assert main["handles"][tracker] == {"tensorboard": "SummaryWriter", "mlflow": "ActiveRun", "wandb": "Run"}[tracker]
