@@ -35,6 +35,11 @@ from .scenario import missing_requirements, reference, requirements
 WORKER = [sys.executable, "-m", "unified.testing.worker"]
 
 
+def _name(function: Union[Callable, str]) -> str:
+    """A scenario's key in the results: its function's name (or the name itself)."""
+    return function if isinstance(function, str) else function.__name__
+
+
 def _launcher(backend: str) -> Launcher:
     return load_object(backend_spec(backend).launcher)
 
@@ -89,12 +94,12 @@ class GroupResult:
 
     def result(self, rank: int, function: Union[Callable, str]) -> Optional[Any]:
         """Process ``rank``'s result of one scenario; ``None`` when it reported none (it died)."""
-        return self.results[rank].get(function if isinstance(function, str) else function.__name__)
+        return self.results[rank].get(_name(function))
 
     def scenario(self, function: Union[Callable, str]) -> List[dict]:
         """Every process's result of one scenario (the function, or its name); fails with the
         logs when one is missing, and skips the calling test when the backend cannot run it."""
-        name = function if isinstance(function, str) else function.__name__
+        name = _name(function)
         if name in self.not_run:
             import pytest
 
@@ -121,7 +126,7 @@ class Runs:
         self.groups = groups
 
     def scenario(self, function: Union[Callable, str]) -> List[dict]:
-        name = function if isinstance(function, str) else function.__name__
+        name = _name(function)
         for group in self.groups:
             if name in group.not_run or any(name in result for result in group.results):
                 return group.scenario(function)

@@ -65,7 +65,12 @@ def pytest_generate_tests(metafunc: Any) -> None:
 
 
 def _parametrized(metafunc: Any, name: str) -> bool:
-    return any(name in getattr(marker, "args", ("",))[0] for marker in metafunc.definition.iter_markers("parametrize"))
+    """Whether the test parametrizes ``name`` itself (``"backend"``, ``"backend, fault"``, ``["backend"]``)."""
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)):
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
