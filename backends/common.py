@@ -5,8 +5,8 @@ backends share, so that no backend imports another (tests/unit/test_backend_shap
 - `prepare_torch_loader`: torch DataLoaders prepared by `unified` (the user's dataset, workers,
   collate function and sampler, with our sharding, positions and resume), used by every backend
   that adapts them (the torch backend, and a JAX run that yields ``jax.Array`` batches from the
-  same loader). It imports torch only when called, and reads torch's private attributes through
-  `backends.torch.private` (where torch's ``check()`` probes them).
+  same loader). It imports torch only when called. The one private torch attribute it reads is
+  behind `draws_one_permutation`, which `backends.torch.private.check()` probes with the others.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from unified.errors import BarrierTimeout, first_line, see
+from unified.errors import BackendUnavailable, BarrierTimeout, first_line, see
 
 # Processes create their Accelerators in the same order, so numbering the backends of one
 # process keeps two Accelerators' rendezvous keys apart and equal across processes.
@@ -45,6 +45,25 @@ def timeout_error(backend: Any, key: str, timeout: float, cause: BaseException,
 
 
 # -- torch DataLoaders, for every backend that adapts them ------------------------------------------
+def draws_one_permutation(sampler: Any) -> bool:
+    """True when a torch `RandomSampler` yields one permutation of the whole dataset per epoch.
+
+    Reads the private ``RandomSampler._num_samples`` (``None`` unless the user set a count): when
+    a torch release moves it, this raises `BackendUnavailable` naming the change instead of an
+    ``AttributeError`` far from the cause.
+    """
+    try:
+        num_samples = sampler._num_samples
+    except AttributeError as err:
+        import torch
+
+        raise BackendUnavailable(
+            f"torch {torch.__version__} changed RandomSampler: RandomSampler._num_samples is gone. unified relies on "
+            "this private torch attribute; install a tested torch version (`unified env` shows the tested range) "
+            "or report it." + see("private-api-changed")) from err
+    return not sampler.replacement and num_samples is None
+
+
 def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     """The prepared form of a torch ``DataLoader`` for ``backend``; ``None`` for anything else.
 
@@ -54,8 +73,6 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     """
     import torch
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
-
-    from backends.torch import private  # the torch attribute it reads: torch's adapter and check() hold it
 
     from unified.data import BatchSampledLoader, PreparedDataLoader, PreparedIterableLoader, SampledLoader
 
@@ -94,7 +111,7 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     options = dict(batches=batches, place=(lambda b: b) if on_cpu else None)
     if loader.batch_size is not None and type(loader.batch_sampler) is BatchSampler:
         sampler = loader.sampler
-        plain_shuffle = type(sampler) is RandomSampler and private.draws_one_permutation(sampler)
+        plain_shuffle = type(sampler) is RandomSampler and draws_one_permutation(sampler)
         if plain_shuffle or type(sampler) is SequentialSampler:
             return PreparedDataLoader(_LoaderSettings(loader, plain_shuffle), backend, seed, **options)
         return SampledLoader(_LoaderSettings(loader, False), backend, seed, _SamplerSource(sampler, loader_seed, False),

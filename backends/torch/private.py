@@ -8,7 +8,8 @@ far from the cause. `check()` probes all of them; tests/unit/test_private_apis.p
 - ``Tensor._version``: the in-place version counter, to tell whether an async save's source
   tensors were edited while they were being written.
 - ``RandomSampler._num_samples``: ``None`` when the sampler draws exactly one permutation of
-  the dataset (then the loader's order can be reproduced for any process count).
+  the dataset (then the loader's order can be reproduced for any process count). Read in
+  `backends.common.draws_one_permutation`, which the JAX backend's torch loaders use too.
 - ``LRScheduler._step_count``: how often a scheduler stepped (``OneCycleLR`` refuses steps past
   its end, and Accelerate's stepping rule can ask for more).
 - ``OptimizedModule._orig_mod``: the module that ``torch.compile`` wrapped.
@@ -19,6 +20,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
+from backends.common import draws_one_permutation  # re-exported: check() probes it
 from unified.errors import BackendUnavailable, see
 
 
@@ -36,15 +38,6 @@ def tensor_version(tensor: Any) -> int:
         return tensor._version
     except AttributeError as err:
         raise changed("the tensor version counter", "Tensor._version is gone") from err
-
-
-def draws_one_permutation(sampler: Any) -> bool:
-    """True when a `RandomSampler` yields one permutation of the whole dataset per epoch."""
-    try:
-        num_samples = sampler._num_samples
-    except AttributeError as err:
-        raise changed("RandomSampler", "RandomSampler._num_samples is gone") from err
-    return not sampler.replacement and num_samples is None
 
 
 def scheduler_step_count(scheduler: Any) -> int:

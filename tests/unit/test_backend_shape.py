@@ -45,7 +45,17 @@ def _imported(tree: ast.AST, package: List[str]) -> Iterator[Tuple[int, str]]:
 
 
 def _foreign_imports(packages: Dict[str, Path]) -> List[str]:
+    """Imports of one backend package by another, and by the modules beside them (what every
+    backend shares, `backends/common.py`, must not reach into one of them either)."""
     found = []
+    shared = [p for p in sorted(BACKENDS.glob("*.py")) if p.name != "__init__.py"]
+    for path in shared:
+        lines: Dict[int, str] = {}  # one entry per line
+        for line, module in _imported(ast.parse(path.read_text(), str(path)), ["backends"]):
+            parts = module.split(".")
+            if len(parts) >= 2 and parts[0] == "backends" and parts[1] in packages:
+                lines.setdefault(line, module)
+        found += [f"backends/{path.name}:{line}: {module}" for line, module in sorted(lines.items())]
     for name, folder in packages.items():
         others = set(packages) - {name}
         for path in sorted(folder.rglob("*.py")):
@@ -88,6 +98,7 @@ def test_the_import_check_sees_a_foreign_import(tmp_path, monkeypatch):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text("")
         (tmp_path / name / "core.py").write_text(text)
+    (tmp_path / "common.py").write_text("def f():\n    from backends.a import private\n")
     monkeypatch.setattr(sys.modules[__name__], "BACKENDS", tmp_path)
     found = _foreign_imports(_packages())
-    assert [line.split("/")[1] for line in found] == ["a", "b", "c", "d", "e"], found
+    assert [line.split("/")[1].split(":")[0] for line in found] == ["common.py", "a", "b", "c", "d", "e"], found
