@@ -40,7 +40,7 @@ from .preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARI
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
-__all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "Worker"]
+__all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "ProcessGroup", "Worker", "run_group", "stop_processes"]
 
 GRACE_SECONDS = 10.0
 # After a forwarded SIGTERM/SIGUSR1 (or a worker's exit as preempted), how long the workers may
@@ -96,6 +96,7 @@ class Worker:
     # starts the workers itself (torchrun): signals meant for the workers go to the processes it
     # started through `unified.parent_watch`, and its exit code only summarises theirs
     agent: bool = False
+    process_index: Optional[int] = None  # the group index of a worker started directly
 
 
 def free_port() -> int:
@@ -131,10 +132,25 @@ class LaunchPlan:
     main_process_ip: str
     port: int
     command: List[str]           # the script and its arguments
+    # processes of every machine, when they differ (the test suite's 2 + 1 layout); else
+    # ``num_processes`` on each. ``num_processes`` is then this machine's entry.
+    machine_sizes: Tuple[int, ...] = ()
 
     @property
     def address(self) -> str:
         return f"{self.main_process_ip}:{self.port}"
+
+    @property
+    def total(self) -> int:
+        """Processes in the whole group."""
+        return sum(self.machine_sizes) if self.machine_sizes else self.num_processes * self.num_machines
+
+    @property
+    def first_index(self) -> int:
+        """The group index of this machine's first process."""
+        if self.machine_sizes:
+            return sum(self.machine_sizes[: self.machine_rank])
+        return self.machine_rank * self.num_processes
 
     def base_env(self) -> Dict[str, str]:
         """This environment plus the chosen backend, unbuffered output, sparse progress bars."""
@@ -143,8 +159,7 @@ class LaunchPlan:
 
     def processes(self, hosted: bool) -> List[ProcessEnvironment]:
         """This machine's processes; ``hosted``: the launcher runs the rendezvous service."""
-        total = self.num_processes * self.num_machines
-        return [ProcessEnvironment(self.machine_rank * self.num_processes + local, total, local, self.num_processes,
+        return [ProcessEnvironment(self.first_index + local, self.total, local, self.num_processes,
                                    coordinator=self.address, service_hosted=hosted)
                 for local in range(self.num_processes)]
 
@@ -153,8 +168,10 @@ class Launcher:
     """How a group of one backend is started (a backend's spec names an instance).
 
     The default: machine 0 runs `service_argv` (the rendezvous service, when there is one) in a
-    child of its own, and every machine starts its workers with `process_env`. Override
-    `workers` to start them another way (torch uses torchrun).
+    child of its own, and every machine starts its workers with `process_env`
+    (`direct_workers`). Override `workers` to start them another way (torch uses torchrun's
+    agent); `direct_workers` stays what the group's processes are when nothing sits between them
+    and the launcher (the conformance suite starts its groups so, to see each process's exit).
     """
 
     def process_env(self, process: ProcessEnvironment) -> Dict[str, str]:
@@ -166,8 +183,12 @@ class Launcher:
         return None
 
     def workers(self, plan: LaunchPlan) -> List[Worker]:
-        """This machine's children: the service (machine 0) and the workers."""
-        service = self.service_argv(plan.address, plan.num_processes * plan.num_machines)
+        """This machine's children for `unified launch` (default: `direct_workers`)."""
+        return self.direct_workers(plan)
+
+    def direct_workers(self, plan: LaunchPlan) -> List[Worker]:
+        """This machine's children started directly: the service (machine 0) and the workers."""
+        service = self.service_argv(plan.address, plan.total)
         workers = []
         if plan.machine_rank == 0 and service:
             name = service[2].rsplit(".", 1)[-1] if len(service) > 2 and service[1] == "-m" else "service"
@@ -175,7 +196,8 @@ class Launcher:
                                   lambda line: f"[{name}] {line}", service=True))
         for process in plan.processes(hosted=bool(service)):
             workers.append(Worker([sys.executable, *plan.command], {**plan.base_env(), **self.process_env(process)},
-                                  lambda line, i=process.process_index: f"[{i}] {line}"))
+                                  lambda line, i=process.process_index: f"[{i}] {line}",
+                                  process_index=process.process_index))
         return workers
 
 
@@ -293,16 +315,81 @@ def stop_processes(procs: Sequence[subprocess.Popen], first: int = signal.SIGTER
         proc.wait()
 
 
-def _start(worker: Worker, output: _Output, status_dir: str) -> Tuple[subprocess.Popen, threading.Thread]:
-    """Start ``worker`` in a session of its own, through `unified.parent_watch`, and its pump."""
-    env = {**worker.env, PARENT_VARIABLE: str(os.getpid())}
-    if not worker.service:
-        env[STATUS_DIR_VARIABLE] = status_dir
-    proc = subprocess.Popen(watched(worker.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, output), daemon=True)
-    pump.start()
-    return proc, pump
+class ProcessGroup:
+    """Children started as one group, and stopped as one: the process runner that `unified
+    launch` (`run_group`) and the conformance suite (`unified.testing.harness`) share.
+
+    Each child runs through `unified.parent_watch` (it dies with us, even when we are SIGKILLed)
+    in a session of its own (a signal meant for it reaches what it started). Its output is
+    either copied line by line, labelled, into ``output`` (the launcher) or written to a file of
+    ``logs`` (the suite: one file per child). ``status_dir``, when given, is where the workers
+    report being preempted or seeing the group break (`unified.preemption`).
+
+    Example:
+        >>> group = ProcessGroup([Worker([sys.executable, "-c", "pass"], dict(os.environ))],
+        ...                      logs=[os.devnull]).start()
+        >>> group.wait()
+        [0]
+    """
+
+    def __init__(self, workers: Sequence[Worker], *, output: Optional["_Output"] = None,
+                 logs: Optional[Sequence[str]] = None, status_dir: Optional[str] = None,
+                 cwd: Optional[str] = None) -> None:
+        assert (output is None) != (logs is None), "a group's output goes either to our stdout or to files"
+        self.workers, self.output, self.logs = list(workers), output, logs
+        self.status_dir, self.cwd = status_dir, cwd
+        self.procs: List[subprocess.Popen] = []
+        self.pumps: List[threading.Thread] = []
+        self.exit_times: List[Optional[float]] = []  # wall-clock time each child was seen ended
+
+    def start(self) -> "ProcessGroup":
+        for i, worker in enumerate(self.workers):
+            env = {**worker.env, PARENT_VARIABLE: str(os.getpid())}
+            if self.status_dir is not None and not worker.service:
+                env[STATUS_DIR_VARIABLE] = self.status_dir
+            if self.logs is not None:
+                with open(self.logs[i], "wb") as log:  # the child keeps its own descriptor
+                    proc = subprocess.Popen(watched(worker.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
+            else:
+                proc = subprocess.Popen(watched(worker.argv), env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, cwd=self.cwd)
+                pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, self.output), daemon=True)
+                pump.start()
+                self.pumps.append(pump)
+            self.procs.append(proc)
+            self.exit_times.append(None)
+        return self
+
+    def poll(self) -> List[Optional[int]]:
+        """Every child's exit code (``None``: running), noting when each was first seen ended."""
+        codes = [proc.poll() for proc in self.procs]
+        for i, code in enumerate(codes):
+            if code is not None and self.exit_times[i] is None:
+                self.exit_times[i] = time.time()
+        return codes
+
+    def kill(self, only: Optional[Sequence[subprocess.Popen]] = None) -> None:
+        """SIGKILL the session of every running child (or of ``only`` those) at once."""
+        _signal_groups({p.pid for p in (self.procs if only is None else only) if p.poll() is None}, signal.SIGKILL)
+
+    def stop(self, first: int = signal.SIGTERM, only: Optional[Sequence[subprocess.Popen]] = None) -> None:
+        """Stop the children (or ``only`` those) with `stop_processes`'s escalation."""
+        stop_processes(self.procs if only is None else only, first)
+
+    def wait(self, deadline: Optional[float] = None, poll_interval: float = 0.02) -> List[Optional[int]]:
+        """Wait until every child ended or ``deadline`` (monotonic seconds) passed; the codes."""
+        while True:
+            codes = self.poll()
+            if all(code is not None for code in codes) or (deadline is not None and time.monotonic() >= deadline):
+                return codes
+            time.sleep(poll_interval)
+
+    def join_output(self, timeout: float = 5.0) -> None:
+        """Wait for the pumps to copy what the children wrote last."""
+        for pump in self.pumps:
+            pump.join(timeout=timeout)
 
 
 def _wrapped_children(agent: int) -> Set[int]:
@@ -344,8 +431,6 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
     broken; see `unified.preemption`) decide the exit code with their exit codes.
     """
     output = _Output()
-    procs: List[subprocess.Popen] = []
-    pumps: List[threading.Thread] = []
     interrupted: List[int] = []
 
     def on_signal(signum, _frame):
@@ -353,22 +438,20 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
 
     status_dir = tempfile.mkdtemp(prefix="unified-launch-")
     previous = {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}
+    children = ProcessGroup(workers, output=output, status_dir=status_dir)
     try:
-        for worker in workers:
-            proc, pump = _start(worker, output, status_dir)
-            procs.append(proc)
-            pumps.append(pump)
-        group = _Group(procs, workers, output, interrupted, remote_peers, grace_period, status_dir, process_indices)
+        children.start()
+        group = _Group(children.procs, workers, output, interrupted, remote_peers, grace_period, status_dir,
+                       process_indices)
         code = group.supervise()
     except BaseException:
-        stop_processes(procs)
+        children.stop()
         raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         shutil.rmtree(status_dir, ignore_errors=True)
-    for pump in pumps:
-        pump.join(timeout=5)
+    children.join_output()
     if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
         _note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
     elif code == PREEMPTED_EXIT_CODE and group.preempted:

@@ -42,7 +42,7 @@ class TorchrunLauncher(Launcher):
             # dies with torchrun (torchrun adds "python -u" itself without --no-python)
             "--no-python", *watched([sys.executable, "-u", *plan.command]),
         ]
-        offset = plan.machine_rank * plan.num_processes
+        offset = plan.first_index
         tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
         # torchrun's failure summary names the first argument of the worker command, the wrapper
         wrapper_failed, script_failed = f"{watched([])[-1]} FAILED", f"{plan.command[0]} FAILED"

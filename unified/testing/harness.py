@@ -2,9 +2,12 @@
 
 Each process runs `unified.testing.worker`, which executes the scenarios in order and writes
 one JSON result file per process; the parent asserts across processes, reading results by
-scenario. The group joins as the backend's launcher makes its workers join (`Launcher.process_env`,
-and its rendezvous service from `Launcher.service_argv` in a process of its own). Every run has
-a deadline; on any failure the per-process logs are shown.
+scenario. A group's processes are the ones the backend's launcher starts for `unified launch`
+(`Launcher.direct_workers`: its rendezvous service and its workers, with its variables), run by
+the launcher's own runner (`unified.launch.ProcessGroup`). Where a launcher hands its workers to
+an agent (torch: torchrun), the suite starts them directly as the agent would, to see each
+process's exit code and exit time; `launch_group` runs scenarios through the whole `unified
+launch`, agent included. Every run has a deadline; on any failure the per-process logs are shown.
 
 Example (in a test)::
 
@@ -19,15 +22,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from unified.environment import ProcessEnvironment
-from unified.launch import Launcher, free_port, stop_processes
+from unified.environment import BACKEND_VARIABLE
+from unified.launch import Launcher, LaunchPlan, ProcessGroup, Worker, free_port
 from unified.registry import backend_spec, load_object
 
 from .scenario import missing_requirements, reference, requirements
@@ -44,21 +46,21 @@ def _launcher(backend: str) -> Launcher:
     return load_object(backend_spec(backend).launcher)
 
 
-def group_env(backend: str, rank: int, size: int, port: int, local_rank: int, local_size: int) -> Dict[str, str]:
-    """The variables the backend's own launcher gives process ``rank`` of a ``size``-process
-    group whose rendezvous service (`service_command`) listens on ``port``."""
-    env = dict(os.environ)
-    env.update(PYTHONUNBUFFERED="1", UNIFIED_BACKEND=backend)
+def _workers(backend: str, size: int, targets: Sequence[str], local_sizes: Sequence[int]) -> List[Worker]:
+    """The children `unified launch` starts for a group of ``size`` (one `LaunchPlan` per
+    simulated machine of ``local_sizes``) running the worker with ``targets``; one plain
+    process, as ``python script.py`` is, when ``size`` is 1."""
+    command = ["-m", "unified.testing.worker", *targets]
     if size == 1:
-        return env
-    process = ProcessEnvironment(rank, size, local_rank, local_size, coordinator=f"127.0.0.1:{port}", service_hosted=True)
-    env.update(_launcher(backend).process_env(process))
-    return env
-
-
-def service_command(backend: str, size: int, port: int) -> Optional[List[str]]:
-    """The backend's rendezvous service, hosted outside the workers as `unified launch` does."""
-    return _launcher(backend).service_argv(f"127.0.0.1:{port}", size)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", BACKEND_VARIABLE: backend}
+        return [Worker([sys.executable, *command], env, process_index=0)]
+    launcher, port = _launcher(backend), free_port()
+    workers: List[Worker] = []
+    for machine, machine_size in enumerate(local_sizes):
+        plan = LaunchPlan(backend, machine_size, len(local_sizes), machine, "127.0.0.1", port, command,
+                          machine_sizes=tuple(local_sizes))
+        workers += launcher.direct_workers(plan)
+    return workers
 
 
 @dataclass
@@ -160,51 +162,68 @@ def run_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: 
                            size, Path(tmp_path))
     out = tmp_path / f"{backend}-{size}-{time.monotonic_ns()}"
     out.mkdir(parents=True)
-    port = free_port()
-    procs, logs = [], []
-    service = None
-    command = service_command(backend, size, port) if size > 1 else None
-    if command:  # as `unified launch` / torchrun do: the rendezvous service outlives every worker
-        service = subprocess.Popen(command, env=group_env(backend, 0, 1, port, 0, 1), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(out))
-    rank = 0
-    for machine_size in local_sizes:
-        for local in range(machine_size):
-            env = group_env(backend, rank, size, port, local, machine_size)
-            env["UNIFIED_TEST_SHARED"] = str(tmp_path)
-            env.update(extra_env or {})
-            env["UNIFIED_TEST_OUT"] = str(out / f"result_{rank}.json")
-            log = open(out / f"log_{rank}.txt", "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen([*WORKER, *targets], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, cwd=str(out)))
-            rank += 1
+    workers = _workers(backend, size, targets, local_sizes)
+    for worker in workers:
+        if worker.process_index is not None:
+            worker.env.update({"UNIFIED_TEST_SHARED": str(tmp_path), **(extra_env or {})})
+            worker.env["UNIFIED_TEST_OUT"] = str(out / f"result_{worker.process_index}.json")
+    logs = [str(out / (f"log_{w.process_index}.txt" if w.process_index is not None else f"service_{i}.txt"))
+            for i, w in enumerate(workers)]
+    group = ProcessGroup(workers, logs=logs, cwd=str(out)).start()
+    mains = [p for p, w in zip(group.procs, workers) if not w.service]
     start = time.monotonic()
-    exit_times: List[Optional[float]] = [None] * size
     kill_at: Optional[float] = None
-    while time.monotonic() - start < deadline and any(t is None for t in exit_times):
+    while time.monotonic() - start < deadline and any(p.poll() is None for p in mains):
         if kill_when is not None and kill_at is None and kill_when.exists():
             kill_at = time.monotonic() + kill_delay
         if kill_at is not None and time.monotonic() >= kill_at:
-            for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            group.kill(only=mains)  # a crash of every worker at once
             kill_at = float("inf")
-        for i, proc in enumerate(procs):
-            if exit_times[i] is None and proc.poll() is not None:
-                exit_times[i] = time.time()
+        group.poll()
         time.sleep(0.02)
-    stop_processes(procs)  # the launcher's escalation: SIGTERM, SIGKILL after its grace; our own process groups only
+    group.poll()
+    exit_times = [t for t, w in zip(group.exit_times, workers) if not w.service]  # None: still running
+    group.stop(only=mains)  # the launcher's escalation: SIGTERM, SIGKILL after its grace
     elapsed = time.monotonic() - start
-    if service is not None:
-        stop_processes([service], first=signal.SIGKILL)
-    for log in logs:
-        log.close()
+    group.stop(first=signal.SIGKILL)  # the rendezvous service, which outlived every worker
     results = []
     for r in range(size):
         path = out / f"result_{r}.json"
         results.append(json.loads(path.read_text()) if path.exists() else {})
-    return GroupResult(results, [p.returncode for p in procs],
+    return GroupResult(results, [p.returncode for p in mains],
                        [(out / f"log_{r}.txt").read_text(errors="replace") for r in range(size)], elapsed,
                        exit_times, not_run, backend, size, Path(tmp_path))
+
+
+def launch_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: Path, *,
+                 deadline: float = 180.0) -> GroupResult:
+    """Run ``scenarios`` as a user's job runs: ``unified launch -n size --backend backend``, with
+    the backend's whole launcher (torch: torchrun's agent) between us and the processes.
+
+    Each process's log is its labelled lines of the launcher's output; each process's exit code
+    is the launcher's (an agent does not pass them on one by one), and so is its exit time.
+
+    Example:
+        >>> group = launch_group("torch", 2, [start, identity], tmp_path).ok()   # doctest: +SKIP
+    """
+    not_run = missing_requirements(backend, scenarios)
+    targets = [reference(f) for f in scenarios if f.__name__ not in not_run]
+    out = tmp_path / f"launched-{backend}-{size}-{time.monotonic_ns()}"
+    out.mkdir(parents=True)
+    argv = [sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend,
+            str(Path(__file__).with_name("worker.py")), *targets]
+    env = {**os.environ, "UNIFIED_TEST_SHARED": str(tmp_path), "UNIFIED_TEST_OUT": str(out / "result_{process}.json")}
+    launcher = ProcessGroup([Worker(argv, env)], logs=[str(out / "launch.txt")], cwd=str(out)).start()
+    start = time.monotonic()
+    code = launcher.wait(deadline=start + deadline)[0]
+    launcher.stop()
+    elapsed = time.monotonic() - start
+    text = (out / "launch.txt").read_text(errors="replace")
+    logs = ["\n".join(line for line in text.splitlines() if line.startswith(f"[{r}] ")) for r in range(size)]
+    logs[0] = text  # process 0's log shows the launcher's own lines too
+    results = []
+    for r in range(size):
+        path = out / f"result_{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {})
+    return GroupResult(results, [code] * size, logs, elapsed, [launcher.exit_times[0]] * size, not_run, backend,
+                       size, Path(tmp_path))

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from unified.launch import ProcessGroup, Worker
+
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
 from .netns import Machines
 from .scenario import reference
@@ -35,12 +37,21 @@ SCENARIO = {"cut-barrier": mh_barrier_loop, "cut-save": mh_save_loop, "freeze": 
 
 @dataclass
 class Group:
-    """The launchers of one group, one per machine, and where their output goes."""
+    """The launchers of one group, one per machine (run by `unified.launch.ProcessGroup`), and
+    where their output goes."""
 
     machines: Machines
     shared: Path
-    procs: List[subprocess.Popen]
-    exit_times: List[Optional[float]] = field(default_factory=list)
+    children: ProcessGroup
+
+    @property
+    def procs(self) -> List[subprocess.Popen]:
+        return self.children.procs
+
+    @property
+    def exit_times(self) -> List[Optional[float]]:
+        """Wall-clock time each launcher was seen ended (``None``: not yet)."""
+        return self.children.exit_times
 
     def log(self, machine: int) -> str:
         path = self.shared / f"launch-{machine}.log"
@@ -56,13 +67,9 @@ class Group:
 
     def wait(self, deadline: float, skip: Sequence[int] = ()) -> None:
         """Wait until every launcher but ``skip`` exited, or the monotonic ``deadline``."""
-        if not self.exit_times:
-            self.exit_times = [None] * len(self.procs)
         while time.monotonic() < deadline:
-            for m, proc in enumerate(self.procs):
-                if self.exit_times[m] is None and proc.poll() is not None:
-                    self.exit_times[m] = time.time()
-            if all(self.exit_times[m] is not None for m in range(len(self.procs)) if m not in skip):
+            codes = self.children.poll()
+            if all(codes[m] is not None for m in range(len(codes)) if m not in skip):
                 return
             time.sleep(0.05)
 
@@ -70,11 +77,11 @@ class Group:
         """Kill what still runs (SIGCONT first: a stopped process group would ignore the rest)."""
         for proc in self.procs:
             if proc.poll() is None:
-                for sig in (signal.SIGCONT, signal.SIGKILL):
-                    try:
-                        os.killpg(proc.pid, sig)
-                    except ProcessLookupError:
-                        pass
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.children.kill()
         for proc in self.procs:
             proc.wait()
 
@@ -82,7 +89,7 @@ class Group:
 def launch(machines: Machines, backend: str, scenario: Callable, shared: Path, timeout: float = 5.0,
            extra_env: Optional[Dict[str, str]] = None) -> Group:
     """One `unified launch` per machine running ``scenario``; output into ``shared/launch-<m>.log``."""
-    procs = []
+    launchers = []
     for m in range(machines.count):
         env = {**os.environ, "UNIFIED_TEST_SHARED": str(shared), "UNIFIED_TEST_OUT": str(shared / f"result_{m}.json"),
                "MULTIHOST_TIMEOUT": f"{timeout:g}",
@@ -90,10 +97,9 @@ def launch(machines: Machines, backend: str, scenario: Callable, shared: Path, t
         argv = machines.argv(m, sys.executable, "-m", "unified", "launch", "--num-machines", str(machines.count),
                              "--machine-rank", str(m), "--main-process-ip", machines.address(0),
                              "--main-process-port", str(PORT), "-n", "1", "--backend", backend, str(WORKER), reference(scenario))
-        with open(shared / f"launch-{m}.log", "wb") as log:
-            procs.append(subprocess.Popen(argv, cwd=str(shared), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-    return Group(machines, shared, procs)
+        launchers.append(Worker(argv, env))
+    logs = [str(shared / f"launch-{m}.log") for m in range(machines.count)]
+    return Group(machines, shared, ProcessGroup(launchers, logs=logs, cwd=str(shared)).start())
 
 
 @dataclass

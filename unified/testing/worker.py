@@ -3,7 +3,8 @@
 Run as ``python -m unified.testing.worker module:scenario ...`` by `unified.testing.harness`;
 each argument names a function decorated with `unified.testing.scenario` (see `reference`).
 Results go to the file named by ``UNIFIED_TEST_OUT``, rewritten after every scenario, keyed by
-the scenario's name.
+the scenario's name; ``{process}`` in that name stands for the process's index (for groups
+started by `unified launch`, where every process gets the same environment).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from unified.environment import ProcessEnvironment
 from unified.registry import load_object
 from unified.testing.scenario import requirements
 
@@ -22,7 +24,7 @@ from unified.testing.scenario import requirements
 def main() -> int:
     # Every thread's stack in the log when the harness stops a hung process (SIGTERM at its deadline).
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    out = Path(os.environ["UNIFIED_TEST_OUT"])
+    out = Path(os.environ["UNIFIED_TEST_OUT"].replace("{process}", str(ProcessEnvironment.from_env().process_index)))
     results: dict = {}
     state: dict = {}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..harness import run_group
+from ..harness import launch_group, run_group
 from ..kit import distributed_type, has_health_channel
 from ..scenarios import start, barrier_order, collectives, dead_at_barrier, identity, local_main_first_order, main_first_exception, main_first_order, stuck_at_barrier, trigger, trigger_late_peer
 
@@ -120,3 +120,18 @@ def test_lost_process_gives_survivors_barrier_timeout(group):
         assert (group.result(-1, name) or {}).get("stuck") and group.returncodes[-1] == 0, group.show_logs()
     else:
         assert group.returncodes[-1] == -9
+
+
+def test_a_group_started_by_unified_launch(backend, tmp_path):
+    """The same promises in a group started as a user's job is: by `unified launch`, through the
+    backend's whole launcher (torch: torchrun's agent), not the suite's direct start."""
+    group = launch_group(backend, 2, [start, identity, barrier_order, main_first_order, collectives], tmp_path).ok()
+    ids = group.scenario(identity)
+    assert [i["process_index"] for i in ids] == [0, 1] and len({i["pid"] for i in ids}) == 2, group.show_logs()
+    assert [i["local_process_index"] for i in ids] == [0, 1]
+    assert all(i["num_processes"] == 2 and i["distributed_type"] == distributed_type(backend) for i in ids)
+    rows = group.scenario(barrier_order)
+    assert all(r["leave"] >= max(x["arrive"] for x in rows) for r in rows), rows
+    first = group.scenario(main_first_order)
+    assert first[1]["enter"] >= first[0]["body_exit"], first
+    assert [r["objects"] for r in group.scenario(collectives)] == [[{"rank": 0}, {"rank": 1}]] * 2
