@@ -339,6 +339,19 @@ class WriteGuards(abc.ABC):
         """Remember ``arrays`` (name -> array an async save writes from directly); the returned
         function names those changed in place since (a save that saw one is not committed)."""
 
+    def stage_array(self, value: Any) -> Optional[Exported]:
+        """For an async save: begin copying an array held in device memory into host memory and
+        return `export_array`'s triple over that host memory without waiting for the copy;
+        ``None`` for an array exported as usual (the default: every one). The bytes are valid
+        once the function `staged` returns has returned."""
+        return None
+
+    def staged(self) -> Callable[[], None]:
+        """Called after the arrays of one save were staged: order the copies before the
+        training's next device work (which may change those arrays in place), and return the
+        function that waits, on the host, until every copy is done (the writer calls it)."""
+        return lambda: None
+
 
 class ForeignLoaders(abc.ABC):
     """Preparing data loaders of another library (e.g. a torch DataLoader) for this backend."""

@@ -275,6 +275,13 @@ class ShardedTable:
     def load_state_dict(self, state: dict) -> None:
         self.table = state["table"]
 
+    def mine(self) -> list:
+        """This process's rows."""
+        return [np.asarray(s.data).tolist() for s in self.table.addressable_shards]
+
+    def same_layout(self) -> bool:
+        return self.table.sharding == self.sharding
+
 
 class JaxKit(Kit):
     training = JaxTraining

@@ -54,10 +54,23 @@ def _bind_gloo_to_the_route_to_the_main_process() -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = route[1]
 
 
+def _whole_local(tensor: Any) -> Any:
+    """``tensor`` itself; for a DTensor that every process holds whole (``Replicate`` only; a
+    split one is saved through the sharded format), its local tensor."""
+    placements = getattr(tensor, "placements", None)
+    if placements is None:
+        return tensor
+    if all(type(p).__name__ == "Replicate" for p in placements):
+        return tensor.to_local()
+    raise TypeError(f"a DTensor with placements {tuple(map(str, placements))} cannot be saved: one with a Partial "
+                    "placement is a sum not yet reduced; call .redistribute(placements=[Replicate()]) or "
+                    ".full_tensor() first." + see("dtype-not-storable"))
+
+
 def export_tensor(value: Any) -> Tuple[str, Tuple[int, ...], np.ndarray]:
     """(safetensors dtype, shape, uint8 NumPy view of the bytes) of a tensor: a view of the
     tensor's own memory when it is a contiguous CPU tensor, else of a contiguous CPU copy."""
-    tensor = value.detach()
+    tensor = _whole_local(value.detach())
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
     tensor = tensor.contiguous()
@@ -90,6 +103,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         self._peer_calls: Dict[str, int] = {}  # entries into `peer_errors`, per operation
         self._instance = next_instance()  # keeps the store keys of two Accelerators apart
         self._device = torch.device("cpu")
+        self._staging: Optional[Any] = None  # the CUDA stream async saves copy device memory on
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, timeout: float) -> None:
@@ -182,24 +196,41 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
         value = np.asarray(value)
         tensor = _tensor_from_numpy(value if value.flags.c_contiguous and value.flags.aligned else value.copy(order="C"))
-        return tensor.to(like.device if like is not None else self._device)
+        tensor = tensor.to(like.device if like is not None else self._device)
+        if getattr(like, "placements", None) is not None:  # a replicated DTensor: one again, on its mesh
+            from torch.distributed.tensor import DTensor
+
+            return DTensor.from_local(tensor, like.device_mesh, like.placements, run_check=False)
+        return tensor
 
     # -- RNG ----------------------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every CUDA generator too
 
     def rng_state(self) -> Dict[str, np.ndarray]:
+        """The CPU generator, and the generator of this process's CUDA device (only its own:
+        the other devices belong to other processes, and a restart may number them otherwise)."""
         state = {"torch_cpu": torch.get_rng_state().numpy()}
-        if torch.cuda.is_available():
-            for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                state[f"torch_cuda_{i}"] = s.numpy()
+        if self._device.type == "cuda":
+            state["torch_cuda"] = torch.cuda.get_rng_state(self._device).numpy()
         return state
 
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what `rng_state` saved. A CUDA state (``torch_cuda``; a checkpoint of an
+        older version keeps every device's as ``torch_cuda_<i>``, of which this process's own
+        device's is taken) goes to this process's device; saved on CUDA and loaded without one,
+        it is not needed; saved without CUDA and loaded on one, the device's generator keeps
+        the seed it has (`set_seed` seeds it) and a warning says so."""
         torch.set_rng_state(torch.from_numpy(np.array(state["torch_cpu"], dtype=np.uint8)))
-        if torch.cuda.is_available():
-            cuda = [state[f"torch_cuda_{i}"] for i in range(torch.cuda.device_count())]
-            torch.cuda.set_rng_state_all([torch.from_numpy(np.array(s, dtype=np.uint8)) for s in cuda])
+        if self._device.type != "cuda":
+            return
+        cuda = state.get("torch_cuda", state.get(f"torch_cuda_{self._device.index}"))
+        if cuda is None:
+            warnings.warn("this checkpoint was saved without a CUDA device: the CUDA random generator of "
+                          f"{self._device} keeps its current state (random numbers drawn on the GPU, such as "
+                          "dropout's, differ from an uninterrupted run)." + see("cuda-rng-not-saved"), stacklevel=2)
+            return
+        torch.cuda.set_rng_state(torch.from_numpy(np.array(cuda, dtype=np.uint8)), self._device)
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
     def export_array(self, value: Any):
@@ -260,6 +291,35 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         versions = [(name, tensor, private.tensor_version(tensor)) for name, tensor in arrays.items()
                     if tensor.device.type == "cpu" and tensor.is_contiguous()]  # others were copied on export
         return lambda: [name for name, tensor, version in versions if private.tensor_version(tensor) != version]
+
+    def stage_array(self, value: Any) -> Optional[Tuple[str, Tuple[int, ...], np.ndarray]]:
+        """A CUDA tensor of an async save: copied into pinned host memory on a stream of its own
+        (after the work already queued, the last optimizer step included), without waiting.
+        Other tensors: ``None``, exported as usual."""
+        tensor = value.detach()
+        if tensor.device.type != "cuda":
+            return None
+        if tensor.dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
+        if self._staging is None:
+            self._staging = torch.cuda.Stream(device=tensor.device)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self._staging.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(self._staging):
+            host.copy_(tensor, non_blocking=True)
+        tensor.record_stream(self._staging)  # its memory is not reused before the copy ran
+        raw = host.reshape(-1).view(torch.uint8).numpy() if host.numel() else np.empty(0, np.uint8)
+        return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
+
+    def staged(self) -> Any:
+        """The training stream's next kernels (an optimizer step that changes the saved tensors
+        in place) wait on the device for the copies `stage_array` queued; the host does not."""
+        if self._staging is None:
+            return lambda: None
+        done = torch.cuda.Event()
+        done.record(self._staging)
+        torch.cuda.current_stream(self._device).wait_event(done)
+        return done.synchronize
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
         with self.peer_errors("backward() (the gradient all-reduce)"):

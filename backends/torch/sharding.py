@@ -223,7 +223,9 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
     # -- sharded arrays in checkpoints -------------------------------------------------------------
     def is_sharded(self, value: Any) -> bool:
-        if self._fsdp_plugin is None or not isinstance(value, _dtensor()):
+        """A DTensor split across processes (FSDP2's parameters, or one the script built itself,
+        e.g. for tensor parallelism): every process writes its own shards."""
+        if not isinstance(value, _dtensor()):
             return False
         from torch.distributed.tensor import Shard
 

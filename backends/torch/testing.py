@@ -30,7 +30,7 @@ class TorchTraining:
 
     def step(self) -> None:
         torch = self.torch
-        x = torch.randn(4, 6) * host_noise()
+        x = (torch.randn(4, 6) * host_noise()).to(self.acc.device)  # drawn on CPU: the same on every device
         loss = self.model(x).pow(2).mean()
         self.optimizer.zero_grad()
         self.acc.backward(loss)
@@ -55,7 +55,7 @@ class TorchTraining:
         if change == "dtype":
             layer.bias = torch.nn.Parameter(layer.bias.detach().to(torch.float64))
         else:
-            layer.weight = torch.nn.Parameter(torch.zeros(8, 7))
+            layer.weight = torch.nn.Parameter(torch.zeros(8, 7, device=layer.weight.device))
 
     def param_hash(self) -> str:
         digest = hashlib.sha256()
@@ -101,7 +101,7 @@ class TorchSetup:
         seen = {}
         inner = self.acc.unwrap_model(self.model)[0]
         handle = inner.register_forward_hook(lambda module, args, out: seen.update(inner=str(out.dtype)))
-        out = self.model(self.torch.ones(2, FEATURES))
+        out = self.model(self.torch.ones(2, FEATURES, device=self.acc.device))
         handle.remove()
         return {"inner": seen["inner"].replace("torch.", ""), "output": str(out.dtype).replace("torch.", ""),
                 "params": sorted({str(p.dtype).replace("torch.", "") for p in self.model.parameters()})}
@@ -146,7 +146,7 @@ class TorchShardedSetup:
             self.model, self.optimizer = acc.prepare(model, optimizer)
 
     def step(self, local_rows: np.ndarray, max_norm: float) -> "float | None":
-        loss = (self.model(self.torch.from_numpy(local_rows)).float() ** 2).mean()
+        loss = (self.model(self.torch.from_numpy(local_rows).to(self.acc.device)).float() ** 2).mean()
         self.acc.backward(loss)
         norm = float(self.acc.clip_grad_norm_(self.model.parameters(), max_norm)) if self.acc.sync_gradients else None
         self.optimizer.step()
@@ -215,7 +215,41 @@ class TorchShardedSetup:
         return [(c10d, "_unpickler")]
 
 
+class ShardedTable:
+    """A registered object holding a DTensor split over the processes by rows (``Shard(0)`` on a
+    1-D device mesh of every process)."""
+
+    _meshes: dict = {}  # one mesh per group size: each one is a process group of its own
+
+    def __init__(self, acc: Accelerator, fill: float) -> None:
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        key = (acc.device.type, acc.num_processes)
+        if key not in self._meshes:
+            self._meshes[key] = init_device_mesh(acc.device.type, (acc.num_processes,))
+        self.mesh = self._meshes[key]
+        rows = torch.full((2, 3), fill + acc.process_index, dtype=torch.float32, device=acc.device)
+        self.table = DTensor.from_local(rows, self.mesh, [Shard(0)])
+        self.placements = self.table.placements
+
+    def state_dict(self) -> dict:
+        return {"table": self.table, "note": "sharded"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.table = state["table"]
+
+    def mine(self) -> list:
+        """This process's rows (one shard)."""
+        return [self.table.to_local().cpu().tolist()]
+
+    def same_layout(self) -> bool:
+        return self.table.placements == self.placements and self.table.device_mesh == self.mesh
+
+
 class TorchKit(Kit):
     training = TorchTraining
     loop = TorchSetup
     sharded = TorchShardedSetup
+    sharded_table = ShardedTable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Collection, Dict, Tuple
+from typing import Any, Callable, Collection, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -118,9 +118,10 @@ def _items(node: Dict[str, Any], key: str, size: int = 0) -> list:
 
 
 def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any], Any],
-           ready: Collection[str] = ()) -> Any:
+           ready: Collection[str] = (), named: Optional[Callable[[Any, str], Any]] = None) -> Any:
     """Rebuild what `encode` took apart; ``to_framework`` converts the framework arrays, except
-    those named in ``ready`` (already framework arrays, e.g. restored sharded).
+    those named in ``ready`` (already framework arrays, e.g. restored sharded); ``named``, when
+    given, converts them instead and is also told each array's name.
 
     ``structure`` comes from a manifest and may be hostile: anything `encode` cannot have
     written (wrong node types, containers nested deeper than `MAX_DEPTH`) raises `CheckpointError`.
@@ -137,7 +138,9 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
         if name in used:  # `encode` names each array once; restored objects never share memory
             raise _invalid_structure(f"array {_shown(name)} is named twice")
         used.add(name)
-        return to_framework(arrays[name]) if node.get("kind") == "framework" and name not in ready else arrays[name]
+        if node.get("kind") != "framework" or name in ready:
+            return arrays[name]
+        return named(arrays[name], name) if named is not None else to_framework(arrays[name])
 
     def key(node: Any, depth: int) -> Any:
         value = walk(node, depth)

@@ -134,11 +134,25 @@ class Snapshot:
     # not read twice; `changed_in_place` then names the arrays edited in place since the snapshot.
     live: bool = False
     changed_in_place: Callable[[], List[str]] = lambda: []
+    # waits until arrays staged from device memory (`WriteGuards.stage_array`) are on the host
+    ready: Callable[[], None] = lambda: None
     # objects that save-state hooks saved instead (see `CheckpointManager.snapshot`)
     skipped: List[str] = field(default_factory=list)
 
 
 HOST_GENERATORS = ("python", "numpy")
+STAGED = "\0staged"  # `CheckpointManager._export`'s mark: an array was staged from device memory
+
+
+def _like(backend: Backend, live: Any, saved: np.ndarray) -> Any:
+    """``live`` when it is a framework array of the ``saved`` array's dtype and shape, else None."""
+    if live is None or isinstance(live, np.ndarray) or not backend.is_array(live):
+        return None
+    try:
+        same = backend.describe_array(live) == (safetensors_io.safetensors_dtype(saved.dtype), tuple(saved.shape))
+    except (TypeError, ValueError):
+        return None
+    return live if same else None
 
 
 def _same_state(a: Any, b: Any) -> bool:
@@ -246,10 +260,16 @@ class CheckpointManager:
         """One array as (dtype, shape, bytes). ``detach``: the bytes must keep the state of this
         moment while the training goes on (an async save): NumPy arrays and mutable framework
         arrays are copied, except where the backend can watch in-place changes instead
-        (collected in ``live``); views of immutable arrays stay valid as they are."""
+        (collected in ``live``) or stages device memory to the host without waiting (noted in
+        ``live`` under `STAGED`); views of immutable arrays stay valid as they are."""
         if isinstance(value, np.ndarray):
             dtype, shape, raw = safetensors_io.export_numpy(value)
             return dtype, shape, (raw.copy() if detach else raw)
+        if detach and isinstance(self.backend, WriteGuards):
+            staged = self.backend.stage_array(value)
+            if staged is not None:
+                live[STAGED] = True
+                return staged
         dtype, shape, raw = self.backend.export_array(value)
         if detach and not self.backend.immutable_arrays:
             if isinstance(self.backend, WriteGuards):
@@ -287,6 +307,8 @@ class CheckpointManager:
         structure, arrays = codec.encode(rng, lambda x: False, f"rng_{rank}")
         snap.structures[f"rng_{rank}"] = structure
         snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, detach, live, k) for k, v in arrays.items()}
+        if live.pop(STAGED, False):
+            snap.ready = self.backend.staged()  # type: ignore[attr-defined]
         if live:
             snap.live, snap.changed_in_place = True, self.backend.watch_in_place_changes(live)  # type: ignore[attr-defined]
         return snap
@@ -366,7 +388,7 @@ class CheckpointManager:
         failure: Optional[BaseException] = None
         try:
             snap = self.snapshot(iteration, detach, skip)
-        except (CheckpointError, TypeError, ValueError) as err:
+        except Exception as err:  # noqa: BLE001 - any failure here (a framework's RuntimeError too) is shared, never left for the others to wait out
             failure = err
         failed = self.collectives.share_failure(failure, "save_state (snapshot)")
         if failed:
@@ -433,6 +455,7 @@ class CheckpointManager:
     def _write_whole(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
         """The files this process writes whole (`Snapshot.files`): its report, or an ``error``."""
         try:
+            snap.ready()
             os.makedirs(tmp, exist_ok=True)
             files = {name: safetensors_io.write(os.path.join(tmp, name), arrays, live=snap.live)
                      for name, arrays in snap.files.items()}
@@ -795,9 +818,15 @@ class CheckpointManager:
         over the same private memory otherwise (each array's memory is its own: `codec.decode`
         refuses a structure naming one array twice); ``restored`` arrays (sharded, already placed
         by the backend) are used as they are."""
-        convert = (lambda a: a) if entry.managed else self.backend.from_numpy
         restored = restored or {}
-        return codec.decode(structure, {**arrays, **restored}, convert, ready=restored.keys())
+        if entry.managed:
+            return codec.decode(structure, {**arrays, **restored}, lambda a: a, ready=restored.keys())
+        # a user object's arrays are made like the ones it holds now (device, a torch DTensor's
+        # mesh), where those have the saved dtype and shape
+        live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+        return codec.decode(structure, {**arrays, **restored}, self.backend.from_numpy, ready=restored.keys(),
+                            named=lambda value, name: self.backend.from_numpy(
+                                value, like=_like(self.backend, live.get(name), value)))
 
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
         info = manifest["files"].get(name)

@@ -51,8 +51,11 @@ class Kit:
             called ``sharded(acc, optimizer_first=False)``. Needed by a backend with
             `unified.backend.ShardedTraining`.
         sharded_table: ``sharded_table(acc, fill)``, a registered object whose ``table`` is
-            one array split by rows over the processes (``state_dict`` / ``load_state_dict``),
-            for a backend with `unified.backend.ShardedArrays`; its scenario is skipped without.
+            one array of 2 rows per process filled with ``fill + process_index``, split by rows
+            over the processes (``state_dict`` / ``load_state_dict``), with ``mine()`` (this
+            process's shards as nested lists) and ``same_layout()`` (its array is still split as
+            it was built); for a backend with `unified.backend.ShardedArrays`, whose scenario
+            is skipped without.
     """
 
     training: Optional[Callable[..., Any]] = None

@@ -526,11 +526,13 @@ def ckpt_sharded(state: dict) -> dict:
     path = fresh.save_state(_shared("sharded_ckpt"))
     table.table = ShardedTable(fresh, 50.0).table  # changed after the save
     fresh.load_state(path)
-    mine = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
-    # Damaged copies (issue 11, finding 11): Orbax must never open a file the manifest does not list.
+    mine = table.mine()
+    # Damaged copies (issue 11, finding 11): the sharded reader must never open a file the
+    # manifest does not list.
+    folder = f"sharded.{fresh._backend.sharded_format}"
     damaged = _shared("sharded_damaged")
     if fresh.is_main_process:
-        _damage_sharded(path, damaged)
+        _damage_sharded(path, damaged, folder)
     fresh.wait_for_everyone()
     refused = {}
     for case in sorted(os.listdir(damaged)):
@@ -539,9 +541,13 @@ def ckpt_sharded(state: dict) -> dict:
             refused[case] = None
         except unified.CheckpointError as err:
             refused[case] = str(err)
-    # Issue 11, finding 4: Orbax opens the sharded files after they were verified; one that changes
-    # meanwhile (here rewritten with its own bytes, which moves its change time) is refused on
-    # every process, with nothing restored.
+    out = {"mine": mine, "sharding_kept": table.same_layout(), "listing": sorted(os.listdir(path)),
+           "refused": refused, "verified_before_reading": not getattr(fresh._backend, "hashes_while_reading", False)}
+    if not out["verified_before_reading"]:
+        return out  # its reader hashes what it reads: a file changed after a check cannot exist
+    # Issue 11, finding 4: the sharded reader opens the files after they were verified; one that
+    # changes meanwhile (here rewritten with its own bytes, which moves its change time) is refused
+    # on every process, with nothing restored.
     from unified.checkpoint import manager as manager_module
 
     real_verify = manager_module.CheckpointManager._verify_sharded_tree
@@ -558,7 +564,7 @@ def ckpt_sharded(state: dict) -> dict:
         return verified
 
     table.table = ShardedTable(fresh, 70.0).table
-    before = [np.asarray(s.data).tolist() for s in table.table.addressable_shards]
+    before = table.mine()
     manager_module.CheckpointManager._verify_sharded_tree = verify_then_rewrite
     try:
         fresh.load_state(path)
@@ -567,14 +573,13 @@ def ckpt_sharded(state: dict) -> dict:
         changed = str(err)
     finally:
         manager_module.CheckpointManager._verify_sharded_tree = real_verify
-    untouched = [np.asarray(s.data).tolist() for s in table.table.addressable_shards] == before
-    return {"mine": mine, "sharding_kept": table.table.sharding == table.sharding,
-            "listing": sorted(os.listdir(path)), "refused": refused, "changed": changed, "untouched": untouched}
+    return {**out, "changed": changed, "untouched": table.mine() == before}
 
 
-def _damage_sharded(pristine: str, root: str) -> None:
-    """Copies of a sharded checkpoint: an unlisted file and a link inside sharded.orbax/, and a
-    re-signed manifest that names sharded arrays but lists none of their files."""
+def _damage_sharded(pristine: str, root: str, folder: str) -> None:
+    """Copies of a sharded checkpoint: an unlisted file and a link inside ``folder`` (its
+    sharded files), and a re-signed manifest that names sharded arrays but lists none of their
+    files."""
     from unified.checkpoint.manifest import _digest
 
     def copy(case: str) -> str:
@@ -582,10 +587,10 @@ def _damage_sharded(pristine: str, root: str) -> None:
         return os.path.join(root, case)
 
     extra = copy("unlisted_file")
-    with open(os.path.join(extra, "sharded.orbax", "_EXTRA_METADATA"), "w") as handle:
+    with open(os.path.join(extra, folder, "_EXTRA_METADATA"), "w") as handle:
         handle.write("{}")
     linked = copy("link_inside")
-    listed = sorted(os.path.join(folder, name) for folder, _, names in os.walk(os.path.join(linked, "sharded.orbax"))
+    listed = sorted(os.path.join(where, name) for where, _, names in os.walk(os.path.join(linked, folder))
                     for name in names)
     victim = listed[-1]
     os.replace(victim, victim + ".real")
@@ -594,7 +599,7 @@ def _damage_sharded(pristine: str, root: str) -> None:
     manifest_path = os.path.join(unlisted, "manifest.json")
     doc = json.load(open(manifest_path))
     doc.pop("manifest_xxh3")
-    doc["files"] = {k: v for k, v in doc["files"].items() if not k.startswith("sharded.orbax/")}
+    doc["files"] = {k: v for k, v in doc["files"].items() if not k.startswith(f"{folder}/")}
     doc["manifest_xxh3"] = _digest(doc)
     with open(manifest_path, "w") as handle:
         json.dump(doc, handle)
