@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
-from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
@@ -680,7 +680,7 @@ class Accelerator(AccelerateSurface):
             >>> accelerator.wait_for_everyone()
             >>> accelerator.save_model(model, "final_model")
         """
-        path = os.path.join(os.fspath(save_directory), "model.safetensors")
+        path = os.path.join(local_folder(save_directory, "save_model(save_directory)"), "model.safetensors")
         state = require(self._backend, TrainingObjects, "save_model()").state_of("model", model)
         if self.fsdp_plugin is None or self.num_processes == 1:
             if self.is_main_process:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
-from typing import Optional
+import re
+from typing import Any, Optional
 
 from .errors import see
 
@@ -52,6 +53,27 @@ class DistributedType(str, enum.Enum):
         return cls._value2member_map_.setdefault(value, member)
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def local_folder(path: Any, what: str) -> str:
+    """``path`` as a string, refused when it is a URL (``s3://bucket/run``): the checkpoints of
+    this version go to a folder of the file system, and ``os`` functions would otherwise make a
+    local folder named ``s3:`` and write there without a word.
+
+    Example:
+        >>> local_folder("runs/exp1", "project_dir")
+        'runs/exp1'
+    """
+    path = os.fspath(path)
+    if isinstance(path, str) and _URL.match(path):
+        raise ValueError(
+            f"{what}={path!r} is an object-storage URL; this version of unified writes checkpoints to a folder of the "
+            "file system (on several machines, one they all mount). Mount the bucket (e.g. mountpoint-s3, s3fs, "
+            "gcsfuse) and pass its local path." + see("object-storage-url"))
+    return path
+
+
 @dataclasses.dataclass
 class ProjectConfiguration:
     """Where and how `save_state` writes checkpoints (Accelerate's fields and meanings).
@@ -81,7 +103,7 @@ class ProjectConfiguration:
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
-            self.project_dir = os.fspath(self.project_dir)
+            self.project_dir = local_folder(self.project_dir, "project_dir")
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and self.total_limit < 1:
@@ -90,7 +112,7 @@ class ProjectConfiguration:
 
     def set_directories(self, project_dir: Optional[str] = None) -> None:
         """Set ``project_dir`` (and ``logging_dir`` when unset), as Accelerate does."""
-        self.project_dir = os.fspath(project_dir) if project_dir is not None else None
+        self.project_dir = local_folder(project_dir, "project_dir") if project_dir is not None else None
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 

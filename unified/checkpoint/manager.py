@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optiona
 import numpy as np
 
 from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
+from ..config import local_folder
 from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
@@ -337,7 +338,7 @@ class CheckpointManager:
                 "save_state() needs a directory: pass output_dir, or set project_dir, or enable "
                 "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
-        target = os.fspath(target)
+        target = local_folder(target, "save_state(output_dir)")
         foreign = layout.foreign_entries(target)
         if foreign:
             raise CheckpointError(
@@ -647,7 +648,7 @@ class CheckpointManager:
         if target is None:
             raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) "
                              "with project_dir." + see("load-needs-directory"))
-        target = os.fspath(target)
+        target = local_folder(target, "load_state(input_dir)")
         self._recover(target)
         if input_dir is None and not os.path.isfile(os.path.join(target, "manifest.json")):
             raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
