@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
+from .environment import restart_count
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
@@ -234,6 +235,17 @@ class Accelerator(AccelerateSurface):
             ('data',)
         """
         return require(self._backend, DeviceMesh, "accelerator.mesh").mesh
+
+    @property
+    def restart_count(self) -> int:
+        """How many times ``unified launch --max-restarts`` (or torchrun) restarted this job's
+        group before the attempt this process belongs to; 0 on the first.
+
+        Example:
+            >>> if accelerator.restart_count:
+            ...     accelerator.print(f"restart {accelerator.restart_count}: resuming")
+        """
+        return restart_count()
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -609,12 +621,19 @@ class Accelerator(AccelerateSurface):
             raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
                                   + see("background-save-failed"))
 
-    def load_state(self, input_dir: Optional[str] = None, **load_kwargs: Any) -> str:
+    def load_state(self, input_dir: Optional[str] = None, *, if_exists: bool = False,
+                   **load_kwargs: Any) -> Optional[str]:
         """Restore everything `save_state` wrote, in place, on every process.
 
         Without ``input_dir`` and with automatic naming, loads the newest complete checkpoint
         of ``{project_dir}/checkpoints``; afterwards the next automatic save never collides.
         Accelerate's ``map_location``/``strict`` keywords are accepted. Returns the directory.
+
+        ``if_exists=True``: resume if there is a checkpoint, else start fresh: returns ``None``
+        and changes nothing when there is none yet (no complete automatically named checkpoint,
+        or no ``manifest.json`` in ``input_dir``), which every process agrees on. A damaged
+        checkpoint still raises. The one line a script restarted by ``unified launch
+        --max-restarts`` needs.
 
         Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
         mismatched checkpoint, before any object is modified.
@@ -622,12 +641,17 @@ class Accelerator(AccelerateSurface):
         Example:
             >>> accelerator.load_state()                    # newest checkpoint
             >>> accelerator.load_state("ckpt/last")
+            >>> accelerator.load_state(if_exists=True)      # resume, or start fresh
         """
         unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
         if unknown:
             raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
+        if if_exists and not self._collectives.broadcast_json(
+                self._checkpoints.has_checkpoint(input_dir) if self.is_main_process else None,
+                operation="load_state (is there a checkpoint?)"):
+            return None
         directory = self._checkpoints.resolve_load_dir(input_dir)
         self._checkpoints.load(directory, lambda: self._run_load_state_pre_hooks(directory))
         return directory

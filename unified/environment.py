@@ -12,12 +12,24 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "cluster_local_process", "visible_gpus",
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
            "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
 BACKEND_VARIABLE = "UNIFIED_BACKEND"
 LAUNCHER_BACKEND_VARIABLE = "UNIFIED_LAUNCHER_BACKEND"
+# The attempt `unified launch --max-restarts` is on (0 for the first); torchrun's own is read too.
+RESTART_VARIABLE = "UNIFIED_RESTART_COUNT"
+
+
+def restart_count(environ: Optional[Mapping[str, str]] = None) -> int:
+    """How many times the launcher restarted this job's group before this attempt (0 without one)."""
+    environ = os.environ if environ is None else environ
+    for name in (RESTART_VARIABLE, "TORCHELASTIC_RESTART_COUNT"):
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
 
 _OURS = {
     "process_index": "UNIFIED_PROCESS_ID",

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
-from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
+from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, RESTART_VARIABLE, ProcessEnvironment
 from .errors import see
 from .logging import PROGRESS_INTERVAL
 from .parent_watch import PARENT_VARIABLE, watched
@@ -80,6 +80,11 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--grace-period", "--grace_period", type=float, default=GRACE_PERIOD_SECONDS,
                         help="seconds the workers get to save and exit after a SIGTERM/SIGUSR1 forwarded to them "
                              f"(default {GRACE_PERIOD_SECONDS:g}); then, or at a second signal, they are stopped")
+    parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
+                        help="when a process fails or the group breaks, stop what is left and start the group "
+                             "again, at most this many times (default 0; one machine). The script resumes with "
+                             "load_state(if_exists=True); accelerator.restart_count says which attempt it is. "
+                             "A preemption (exit status 75) and a stop signal are never restarted")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -117,6 +122,11 @@ def _validate(args: argparse.Namespace) -> None:
     if not args.grace_period >= 0:
         raise SystemExit(f"unified launch: --grace-period must be >= 0 seconds; received {args.grace_period}."
                          + see("launch-grace-period"))
+    if getattr(args, "max_restarts", 0) < 0:
+        raise SystemExit(f"unified launch: --max-restarts must be >= 0; received {args.max_restarts}." + see("launch-max-restarts"))
+    if getattr(args, "max_restarts", 0) and args.num_machines > 1:
+        raise SystemExit("unified launch: --max-restarts works on one machine for now; with several machines, let the "
+                         "scheduler restart the job (docs/fault-tolerance.md)." + see("launch-max-restarts"))
     if not os.path.exists(args.script):
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
 
@@ -430,6 +440,19 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
     ``process_indices``: the group indices of this machine's workers, whose statuses (preempted,
     broken; see `unified.preemption`) decide the exit code with their exit codes.
     """
+    return run_group_outcome(workers, remote_peers, grace_period, process_indices)[0]
+
+
+# What ended a group (`run_group_outcome`); only the last two may be restarted (`--max-restarts`).
+FINISHED, OUTPUT_CLOSED, PREEMPTED, INTERRUPTED, FAILED, BROKE = (
+    "finished", "output closed", "preempted", "stopped by a signal", "a process failed", "the group broke")
+RESTARTABLE = (FAILED, BROKE)
+
+
+def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
+                      grace_period: float = GRACE_PERIOD_SECONDS, process_indices: Sequence[int] = ()) -> Tuple[int, str]:
+    """`run_group`, and what ended the group: one of `FINISHED`, `OUTPUT_CLOSED`, `PREEMPTED`,
+    `INTERRUPTED`, `FAILED`, `BROKE`."""
     output = _Output()
     interrupted: List[int] = []
 
@@ -454,15 +477,21 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
     children.join_output()
     if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
         _note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
-    elif code == PREEMPTED_EXIT_CODE and group.preempted:
+        return code, OUTPUT_CLOSED
+    if code == PREEMPTED_EXIT_CODE and group.preempted:
         _note(f"unified launch: every process exited as preempted (exit code {PREEMPTED_EXIT_CODE}); "
               f"resume with load_state().{see('launch-preempted')}")
-    elif code and group.broken_quietly:
+        return code, PREEMPTED
+    if code and group.broken_quietly:
         _note(f"unified launch: the process group broke (every process here exited with 0, but process(es) "
               f"{', '.join(map(str, group.broken))} reported the break); exit code {code}.{see('launch-group-broke')}")
-    elif code and not interrupted:
+        return code, BROKE
+    if code and interrupted:
+        return code, INTERRUPTED
+    if code:
         _note(f"unified launch: a process failed (exit code {code}); stopped the others.{see('launch-process-failed')}")
-    return code
+        return code, PREEMPTED if code == PREEMPTED_EXIT_CODE else FAILED
+    return code, FINISHED
 
 
 class _Group:
@@ -552,15 +581,31 @@ def launch(args: argparse.Namespace) -> int:
     if getattr(args, "mixed_precision", None):
         os.environ[PRECISION_VARIABLE] = args.mixed_precision  # the workers inherit it
     backend = resolve_backend_name(args.backend)
-    port = args.main_process_port
-    if port is None:
-        port = free_port() if args.num_machines == 1 else 29500
-    plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
-                      port, [args.script, *args.script_args])
     launcher: Launcher = load_object(backend_spec(backend).launcher)
-    indices = [process.process_index for process in plan.processes(hosted=False)]
-    return run_group(launcher.workers(plan), remote_peers=args.num_machines > 1,
-                     grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS), process_indices=indices)
+    max_restarts = getattr(args, "max_restarts", 0)
+    attempt = 0
+    while True:
+        port = args.main_process_port
+        if port is None:  # a fresh port for every attempt: the last one's may linger in TIME_WAIT
+            port = free_port() if args.num_machines == 1 else 29500
+        plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
+                          port, [args.script, *args.script_args])
+        indices = [process.process_index for process in plan.processes(hosted=False)]
+        os.environ[RESTART_VARIABLE] = str(attempt)  # the workers inherit it: accelerator.restart_count
+        started = time.monotonic()
+        code, outcome = run_group_outcome(launcher.workers(plan), remote_peers=args.num_machines > 1,
+                                          grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS),
+                                          process_indices=indices)
+        if outcome not in RESTARTABLE or not max_restarts:
+            return code
+        took = time.monotonic() - started
+        if attempt == max_restarts:
+            _note(f"unified launch: attempt {attempt + 1} ended too ({outcome}, exit code {code}, after {took:.1f}s); "
+                  f"gave up after {max_restarts} restart(s).{see('launch-gave-up')}")
+            return code
+        attempt += 1
+        _note(f"unified launch: restart {attempt} of {max_restarts}: attempt {attempt} ended after {took:.1f}s "
+              f"({outcome}, exit code {code}); starting the group again.")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -89,16 +89,29 @@ def _is_checkpoint(path: str) -> bool:
         return False
 
 
-def recover(final: str) -> None:
-    """If ``final`` vanished between `commit`'s two renames, restore the replaced checkpoint."""
+def _set_aside(final: str) -> Optional[str]:
+    """The checkpoint `commit` set aside for ``final`` when ``final`` vanished between its two
+    renames, or None."""
     parent, name = os.path.split(os.path.abspath(final))
     if os.path.lexists(final) or not os.path.isdir(parent):
-        return
+        return None
     for entry in sorted(os.listdir(parent)):
         match = _LEFTOVER.fullmatch(entry)
         if match and match["mark"] == OLD_MARK and match["name"] == name and _is_checkpoint(os.path.join(parent, entry)):
-            os.rename(os.path.join(parent, entry), final)
-            return
+            return os.path.join(parent, entry)
+    return None
+
+
+def set_aside_exists(final: str) -> bool:
+    """Whether `recover` would put a checkpoint back as ``final``."""
+    return _set_aside(final) is not None
+
+
+def recover(final: str) -> None:
+    """If ``final`` vanished between `commit`'s two renames, restore the replaced checkpoint."""
+    found = _set_aside(final)
+    if found is not None:
+        os.rename(found, final)
 
 
 def _is_stale(parent: str, entry: str) -> bool:

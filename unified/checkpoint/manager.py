@@ -635,6 +635,19 @@ class CheckpointManager:
         layout.commit(tmp, final, token)
 
     # -- load ----------------------------------------------------------------------------------------
+    def has_checkpoint(self, input_dir: Optional[str]) -> bool:
+        """Whether `resolve_load_dir` would find a checkpoint to load (`load_state(if_exists=True)`):
+        a complete automatically named one, or a ``manifest.json`` (or one a save set aside) in
+        the folder; never a collective."""
+        config = self.config
+        if input_dir is None and config.automatic_checkpoint_naming and config.project_dir is not None:
+            return bool(layout.numbered_checkpoints(os.path.join(config.project_dir, layout.CHECKPOINTS)))
+        target = input_dir if input_dir is not None else config.project_dir
+        if target is None:
+            return False
+        target = local_folder(target, "load_state(input_dir)")
+        return os.path.isfile(os.path.join(target, "manifest.json")) or layout.set_aside_exists(target)
+
     def resolve_load_dir(self, input_dir: Optional[str]) -> str:
         """The directory `load` reads (collective when it may first have to repair one)."""
         config = self.config

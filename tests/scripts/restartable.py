@@ -1,0 +1,50 @@
+"""A training job that resumes by itself: ``load_state(if_exists=True)``, then a step and a save
+per iteration; prints ``RESULT {json}`` at the end (tests/test_restarts.py).
+
+    python -m unified launch -n 2 --max-restarts N tests/scripts/restartable.py PROJECT_DIR MODE
+
+MODE: ``none``; ``kill-once`` (process 1 SIGKILLs itself after the save of step 3, on the first
+attempt only); ``crash-at-start`` (every attempt exits with 3 before its first step);
+``preempt`` (process 0 gets SIGUSR1 after step 2, as from a scheduler: every process saves and
+exits as preempted, 75, through ``exit_if_preempted``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from unified import Accelerator, ProjectConfiguration
+from unified.testing.kit import kit_of
+
+STEPS = 6
+
+
+def main(project_dir: str, mode: str) -> int:
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=2),
+                      timeout=20, seed=7, handle_preemption=mode == "preempt")
+    training = kit_of(acc.backend).training(acc)
+    resumed = acc.load_state(if_exists=True)
+    if mode == "crash-at-start":
+        raise SystemExit(3)
+    first = training.counter.steps
+    for step in range(first, STEPS):
+        training.step()
+        acc.save_state()
+        if mode == "kill-once" and acc.restart_count == 0 and step == 3 and acc.process_index == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "preempt" and step == 2 and acc.process_index == 0:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if acc.check_trigger():
+            acc.save_state()
+            break
+    acc.exit_if_preempted()
+    print("RESULT " + json.dumps({"hash": training.param_hash(), "restart_count": acc.restart_count,
+                                  "resumed": resumed is not None, "first_step": first}), flush=True)
+    acc.end_training()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

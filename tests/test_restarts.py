@@ -1,0 +1,61 @@
+"""``unified launch --max-restarts`` (issue 26): a group whose process dies is stopped and started
+again, and the script resumes by itself (``load_state(if_exists=True)``) to exactly the
+parameters of an uninterrupted run; a script that fails at start-up every time stops after the
+restarts with a message that says so; a preemption is never restarted."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import BACKENDS
+
+pytestmark = pytest.mark.multiprocess
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "restartable.py"
+
+
+def _launch(backend: str, project: Path, mode: str, restarts: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
+                           "--max-restarts", str(restarts), str(SCRIPT), str(project), mode],
+                          cwd=ROOT, capture_output=True, text=True, timeout=400)
+
+
+def _results(output: str) -> dict:
+    return {int(m.group(1)): json.loads(m.group(2)) for m in re.finditer(r"^\[(\d+)\] RESULT (.*)$", output, re.M)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_killed_process_is_healed_by_the_launcher(backend, tmp_path):
+    clean = _launch(backend, tmp_path / "clean", "none", 0)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    expected = _results(clean.stdout)
+    assert sorted(expected) == [0, 1] and not expected[0]["resumed"], clean.stdout[-2000:]
+
+    healed = _launch(backend, tmp_path / "healed", "kill-once", 2)
+    assert healed.returncode == 0, healed.stdout[-4000:] + healed.stderr[-4000:]
+    assert re.search(r"restart 1 of 2: attempt 1 ended after [\d.]+s \(a process failed, exit code \d+\)",
+                     healed.stderr), healed.stderr[-3000:]
+    assert "restart 2 of 2" not in healed.stderr
+    got = _results(healed.stdout)
+    assert sorted(got) == [0, 1], healed.stdout[-3000:]
+    for rank in (0, 1):
+        assert got[rank]["restart_count"] == 1 and got[rank]["resumed"] and got[rank]["first_step"] == 4, got
+        assert got[rank]["hash"] == expected[rank]["hash"], (got, expected)  # as if nothing had happened
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_crash_at_start_up_stops_after_the_restarts_and_a_preemption_is_not_restarted(backend, tmp_path):
+    crashing = _launch(backend, tmp_path / "crash", "crash-at-start", 1)
+    # the script's 3 (torchrun's agent reports any failure of its workers as 1)
+    assert crashing.returncode in (1, 3), crashing.stdout[-2000:] + crashing.stderr[-2000:]
+    assert crashing.stderr.count("starting the group again") == 1, crashing.stderr[-3000:]
+    assert "gave up after 1 restart(s)" in crashing.stderr and "launch-gave-up" in crashing.stderr
+
+    preempted = _launch(backend, tmp_path / "preempt", "preempt", 2)
+    assert preempted.returncode == 75, preempted.stdout[-2000:] + preempted.stderr[-2000:]
+    assert "starting the group again" not in preempted.stderr, preempted.stderr[-3000:]
