@@ -648,10 +648,12 @@ class Accelerator(AccelerateSurface):
             raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
-        if if_exists and not self._collectives.broadcast_json(
-                self._checkpoints.has_checkpoint(input_dir) if self.is_main_process else None,
-                operation="load_state (is there a checkpoint?)"):
-            return None
+        if if_exists:
+            target = self._checkpoints.load_target(input_dir)  # on every process: nowhere to look raises everywhere
+            if not self._collectives.broadcast_json(
+                    self._checkpoints.has_checkpoint(*target) if self.is_main_process else None,
+                    operation="load_state (is there a checkpoint?)"):
+                return None
         directory = self._checkpoints.resolve_load_dir(input_dir)
         self._checkpoints.load(directory, lambda: self._run_load_state_pre_hooks(directory))
         return directory

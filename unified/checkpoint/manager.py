@@ -635,33 +635,36 @@ class CheckpointManager:
         layout.commit(tmp, final, token)
 
     # -- load ----------------------------------------------------------------------------------------
-    def has_checkpoint(self, input_dir: Optional[str]) -> bool:
-        """Whether `resolve_load_dir` would find a checkpoint to load (`load_state(if_exists=True)`):
-        a complete automatically named one, or a ``manifest.json`` (or one a save set aside) in
-        the folder; never a collective."""
+    def load_target(self, input_dir: Optional[str]) -> Tuple[str, bool]:
+        """Where `load_state` looks, without touching the file system: ``(folder, True)`` for the
+        ``checkpoints`` folder of automatic naming (the newest complete checkpoint in it), else
+        ``(folder, False)`` for the checkpoint folder itself. Raises for nowhere to look."""
         config = self.config
         if input_dir is None and config.automatic_checkpoint_naming and config.project_dir is not None:
-            return bool(layout.numbered_checkpoints(os.path.join(config.project_dir, layout.CHECKPOINTS)))
-        target = input_dir if input_dir is not None else config.project_dir
-        if target is None:
-            return False
-        target = local_folder(target, "load_state(input_dir)")
-        return os.path.isfile(os.path.join(target, "manifest.json")) or layout.set_aside_exists(target)
-
-    def resolve_load_dir(self, input_dir: Optional[str]) -> str:
-        """The directory `load` reads (collective when it may first have to repair one)."""
-        config = self.config
-        if input_dir is None and config.automatic_checkpoint_naming and config.project_dir is not None:
-            folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
-            found = layout.numbered_checkpoints(folder)
-            if not found:
-                raise CheckpointError(f"{folder}: no complete checkpoint to load." + see("no-complete-checkpoint"))
-            return found[-1][1]
+            return os.path.join(config.project_dir, layout.CHECKPOINTS), True
         target = input_dir if input_dir is not None else config.project_dir
         if target is None:
             raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) "
                              "with project_dir." + see("load-needs-directory"))
-        target = local_folder(target, "load_state(input_dir)")
+        return local_folder(target, "load_state(input_dir)"), False
+
+    @staticmethod
+    def has_checkpoint(folder: str, automatic: bool) -> bool:
+        """Whether `load_target`'s answer holds a checkpoint to load (`load_state(if_exists=True)`):
+        a complete automatically named one, or a ``manifest.json`` (or a checkpoint a save set
+        aside, which `resolve_load_dir` puts back) in the folder; never a collective."""
+        if automatic:
+            return bool(layout.numbered_checkpoints(folder))
+        return os.path.isfile(os.path.join(folder, "manifest.json")) or layout.set_aside_exists(folder)
+
+    def resolve_load_dir(self, input_dir: Optional[str]) -> str:
+        """The directory `load` reads (collective when it may first have to repair one)."""
+        target, automatic = self.load_target(input_dir)
+        if automatic:
+            found = layout.numbered_checkpoints(target)
+            if not found:
+                raise CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
+            return found[-1][1]
         self._recover(target)
         if input_dir is None and not os.path.isfile(os.path.join(target, "manifest.json")):
             raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
