@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from unified.environment import BACKEND_VARIABLE
 from unified.launch import Launcher, LaunchPlan, ProcessGroup, Worker, free_port
@@ -34,12 +34,29 @@ from unified.registry import backend_spec, load_object
 
 from .scenario import missing_requirements, reference, requirements
 
-WORKER = [sys.executable, "-m", "unified.testing.worker"]
+WORKER_SCRIPT = Path(__file__).with_name("worker.py")  # for `unified launch`, which takes a script path
 
 
 def _name(function: Union[Callable, str]) -> str:
     """A scenario's key in the results: its function's name (or the name itself)."""
     return function if isinstance(function, str) else function.__name__
+
+
+def _runnable(backend: str, size: int, scenarios: Sequence[Callable]) -> Tuple[Dict[str, str], List[str]]:
+    """The scenarios ``backend`` cannot run (name -> the capability it lacks), and references to
+    the others; a scenario not written for groups of ``size`` is an error."""
+    for function in scenarios:
+        sizes = requirements(function).processes
+        if sizes is not None and size not in sizes:
+            raise ValueError(f"scenario {function.__name__} is written for groups of {sizes} processes, not {size}")
+    not_run = missing_requirements(backend, scenarios)
+    return not_run, [reference(f) for f in scenarios if f.__name__ not in not_run]
+
+
+def _results(out: Path, size: int) -> List[dict]:
+    """What each process of a group wrote into ``out`` (``{}`` for one that wrote nothing)."""
+    paths = [out / f"result_{rank}.json" for rank in range(size)]
+    return [json.loads(path.read_text()) if path.exists() else {} for path in paths]
 
 
 def _launcher(backend: str) -> Launcher:
@@ -151,12 +168,7 @@ def run_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: 
     """
     local_sizes = list(local_sizes or [size])
     assert sum(local_sizes) == size
-    for function in scenarios:
-        sizes = requirements(function).processes
-        if sizes is not None and size not in sizes:
-            raise ValueError(f"scenario {function.__name__} is written for groups of {sizes} processes, not {size}")
-    not_run = missing_requirements(backend, scenarios)
-    targets = [reference(f) for f in scenarios if f.__name__ not in not_run]
+    not_run, targets = _runnable(backend, size, scenarios)
     if not targets:  # nothing this backend can run: no processes (reading a result skips the test)
         return GroupResult([{} for _ in range(size)], [0] * size, [""] * size, 0.0, [None] * size, not_run, backend,
                            size, Path(tmp_path))
@@ -186,11 +198,7 @@ def run_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: 
     group.stop(only=mains)  # the launcher's escalation: SIGTERM, SIGKILL after its grace
     elapsed = time.monotonic() - start
     group.stop(first=signal.SIGKILL)  # the rendezvous service, which outlived every worker
-    results = []
-    for r in range(size):
-        path = out / f"result_{r}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else {})
-    return GroupResult(results, [p.returncode for p in mains],
+    return GroupResult(_results(out, size), [p.returncode for p in mains],
                        [(out / f"log_{r}.txt").read_text(errors="replace") for r in range(size)], elapsed,
                        exit_times, not_run, backend, size, Path(tmp_path))
 
@@ -206,12 +214,11 @@ def launch_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_pat
     Example:
         >>> group = launch_group("torch", 2, [start, identity], tmp_path).ok()   # doctest: +SKIP
     """
-    not_run = missing_requirements(backend, scenarios)
-    targets = [reference(f) for f in scenarios if f.__name__ not in not_run]
+    not_run, targets = _runnable(backend, size, scenarios)
     out = tmp_path / f"launched-{backend}-{size}-{time.monotonic_ns()}"
     out.mkdir(parents=True)
-    argv = [sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend,
-            str(Path(__file__).with_name("worker.py")), *targets]
+    argv = [sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend, str(WORKER_SCRIPT),
+            *targets]
     env = {**os.environ, "UNIFIED_TEST_SHARED": str(tmp_path), "UNIFIED_TEST_OUT": str(out / "result_{process}.json")}
     launcher = ProcessGroup([Worker(argv, env)], logs=[str(out / "launch.txt")], cwd=str(out)).start()
     start = time.monotonic()
@@ -221,9 +228,5 @@ def launch_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_pat
     text = (out / "launch.txt").read_text(errors="replace")
     logs = ["\n".join(line for line in text.splitlines() if line.startswith(f"[{r}] ")) for r in range(size)]
     logs[0] = text  # process 0's log shows the launcher's own lines too
-    results = []
-    for r in range(size):
-        path = out / f"result_{r}.json"
-        results.append(json.loads(path.read_text()) if path.exists() else {})
-    return GroupResult(results, [code] * size, logs, elapsed, [launcher.exit_times[0]] * size, not_run, backend,
+    return GroupResult(_results(out, size), [code] * size, logs, elapsed, [launcher.exit_times[0]] * size, not_run, backend,
                        size, Path(tmp_path))

@@ -21,12 +21,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from unified.launch import ProcessGroup, Worker
 
+from .harness import WORKER_SCRIPT
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
 from .netns import Machines
 from .scenario import reference
 from .scenarios import ckpt_load_newest
 
-WORKER = Path(__file__).resolve().with_name("worker.py")
 PORT = 29400  # every group has namespaces of its own: a fixed port cannot collide
 SLACK_S = 5.0  # "within the timeout plus a few seconds"
 LAUNCHER_STOP_S = 10.0  # a launcher stops its other children (the JAX coordination service) in this long
@@ -96,7 +96,7 @@ def launch(machines: Machines, backend: str, scenario: Callable, shared: Path, t
                **(extra_env or {})}
         argv = machines.argv(m, sys.executable, "-m", "unified", "launch", "--num-machines", str(machines.count),
                              "--machine-rank", str(m), "--main-process-ip", machines.address(0),
-                             "--main-process-port", str(PORT), "-n", "1", "--backend", backend, str(WORKER), reference(scenario))
+                             "--main-process-port", str(PORT), "-n", "1", "--backend", backend, str(WORKER_SCRIPT), reference(scenario))
         launchers.append(Worker(argv, env))
     logs = [str(shared / f"launch-{m}.log") for m in range(machines.count)]
     return Group(machines, shared, ProcessGroup(launchers, logs=logs, cwd=str(shared)).start())
