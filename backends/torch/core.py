@@ -67,17 +67,26 @@ def _whole_local(tensor: Any) -> Any:
                     ".full_tensor() first." + see("dtype-not-storable"))
 
 
+def _storable(dtype: Any) -> str:
+    """The safetensors name of ``dtype``; a `TypeError` for one safetensors cannot hold."""
+    if dtype not in _SAFETENSORS_DTYPES:
+        raise TypeError(f"tensors of dtype {dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
+    return _SAFETENSORS_DTYPES[dtype]
+
+
+def _exported(host: torch.Tensor) -> Tuple[str, Tuple[int, ...], np.ndarray]:
+    """`export_tensor`'s triple over a contiguous CPU tensor's own memory."""
+    raw = host.reshape(-1).view(torch.uint8).numpy() if host.numel() else np.empty(0, np.uint8)
+    return _storable(host.dtype), tuple(host.shape), raw
+
+
 def export_tensor(value: Any) -> Tuple[str, Tuple[int, ...], np.ndarray]:
     """(safetensors dtype, shape, uint8 NumPy view of the bytes) of a tensor: a view of the
     tensor's own memory when it is a contiguous CPU tensor, else of a contiguous CPU copy."""
     tensor = _whole_local(value.detach())
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
-    tensor = tensor.contiguous()
-    if tensor.dtype not in _SAFETENSORS_DTYPES:
-        raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
-    raw = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else np.empty(0, np.uint8)
-    return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
+    return _exported(tensor.contiguous())
 
 
 class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards,
@@ -237,9 +246,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         return export_tensor(value)
 
     def describe_array(self, value: Any):
-        if value.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
-        return _SAFETENSORS_DTYPES[value.dtype], tuple(value.shape)
+        return _storable(value.dtype), tuple(value.shape)
 
     # -- training objects ------------------------------------------------------------------------------
     def prepare(self, obj: Any):
@@ -296,11 +303,10 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         """A CUDA tensor of an async save: copied into pinned host memory on a stream of its own
         (after the work already queued, the last optimizer step included), without waiting.
         Other tensors: ``None``, exported as usual."""
-        tensor = value.detach()
+        tensor = _whole_local(value.detach())  # a replicated DTensor: its local tensor, as export_tensor
         if tensor.device.type != "cuda":
             return None
-        if tensor.dtype not in _SAFETENSORS_DTYPES:
-            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
+        _storable(tensor.dtype)  # refused before any memory is pinned
         if self._staging is None:
             self._staging = torch.cuda.Stream(device=tensor.device)
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -308,8 +314,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         with torch.cuda.stream(self._staging):
             host.copy_(tensor, non_blocking=True)
         tensor.record_stream(self._staging)  # its memory is not reused before the copy ran
-        raw = host.reshape(-1).view(torch.uint8).numpy() if host.numel() else np.empty(0, np.uint8)
-        return _SAFETENSORS_DTYPES[tensor.dtype], tuple(tensor.shape), raw
+        return _exported(host)
 
     def staged(self) -> Any:
         """The training stream's next kernels (an optimizer step that changes the saved tensors

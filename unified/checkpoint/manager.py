@@ -142,7 +142,6 @@ class Snapshot:
 
 
 HOST_GENERATORS = ("python", "numpy")
-STAGED = "\0staged"  # `CheckpointManager._export`'s mark: an array was staged from device memory
 
 
 def _like(backend: Backend, live: Any, saved: np.ndarray) -> Any:
@@ -257,20 +256,21 @@ class CheckpointManager:
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
 
-    def _export(self, value: Any, detach: bool, live: Dict[str, Any], name: str) -> safetensors_io.Exported:
+    def _export(self, value: Any, detach: bool, live: Dict[str, Any], name: str,
+                staged: Optional[List[str]] = None) -> safetensors_io.Exported:
         """One array as (dtype, shape, bytes). ``detach``: the bytes must keep the state of this
         moment while the training goes on (an async save): NumPy arrays and mutable framework
         arrays are copied, except where the backend can watch in-place changes instead
-        (collected in ``live``) or stages device memory to the host without waiting (noted in
-        ``live`` under `STAGED`); views of immutable arrays stay valid as they are."""
+        (collected in ``live``) or stages device memory to the host without waiting (named in
+        ``staged``); views of immutable arrays stay valid as they are."""
         if isinstance(value, np.ndarray):
             dtype, shape, raw = safetensors_io.export_numpy(value)
             return dtype, shape, (raw.copy() if detach else raw)
-        if detach and isinstance(self.backend, WriteGuards):
-            staged = self.backend.stage_array(value)
-            if staged is not None:
-                live[STAGED] = True
-                return staged
+        if detach and staged is not None and isinstance(self.backend, WriteGuards):
+            exported = self.backend.stage_array(value)
+            if exported is not None:
+                staged.append(name)
+                return exported
         dtype, shape, raw = self.backend.export_array(value)
         if detach and not self.backend.immutable_arrays:
             if isinstance(self.backend, WriteGuards):
@@ -286,6 +286,7 @@ class CheckpointManager:
         snap = Snapshot(iteration=iteration, skipped=list(skip))
         main = self.backend.process_index == 0
         live: Dict[str, Any] = {}
+        staged: List[str] = []
         for entry in self.entries:
             if entry.name in snap.skipped:
                 continue
@@ -299,7 +300,7 @@ class CheckpointManager:
                     key = f"a{len(snap.sharded)}"
                     snap.sharded[key], snap.sharded_names[key] = value, name
                 elif main:
-                    whole[name] = self._export(value, detach, live, name)
+                    whole[name] = self._export(value, detach, live, name, staged)
             if main:
                 snap.structures[entry.name] = structure
                 snap.files[f"{entry.name}.safetensors"] = whole
@@ -307,8 +308,8 @@ class CheckpointManager:
         rng = {"host": capture_host_rng(), "framework": self.backend.rng_state()}
         structure, arrays = codec.encode(rng, lambda x: False, f"rng_{rank}")
         snap.structures[f"rng_{rank}"] = structure
-        snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, detach, live, k) for k, v in arrays.items()}
-        if live.pop(STAGED, False):
+        snap.files[f"rng_{rank}.safetensors"] = {k: self._export(v, detach, live, k, staged) for k, v in arrays.items()}
+        if staged:
             snap.ready = self.backend.staged()  # type: ignore[attr-defined]
         if live:
             snap.live, snap.changed_in_place = True, self.backend.watch_in_place_changes(live)  # type: ignore[attr-defined]
