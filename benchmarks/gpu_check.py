@@ -378,7 +378,8 @@ def main() -> int:
         shutil.rmtree(base, ignore_errors=True)
     text = report(results, tests)
     if args.doc:
-        Path(args.doc).write_text("# The GPU check (benchmarks/gpu_check.py)\n\n" + text + "\n")
+        command = " ".join(["python", "benchmarks/gpu_check.py", *sys.argv[1:]])
+        Path(args.doc).write_text(f"# The GPU check\n\nProduced by `{command}`.\n\n{text}\n")
     print(text)
     failed = "failed" in tests or "did not finish" in tests or any("error" in r for r in results)
     return 1 if failed else 0
