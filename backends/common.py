@@ -78,6 +78,15 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
 
     if not isinstance(loader, DataLoader):
         return None
+    from unified.streams import HuggingFaceStream, PreparedStreamLoader, is_hf_iterable
+
+    if is_hf_iterable(loader.dataset):  # each process reads its own shards, with the loader's workers
+        if loader.batch_size is None:
+            raise NotImplementedError("prepare() of a torch DataLoader over a datasets.IterableDataset needs "
+                                      "batch_size=." + see("torch-iterable-dataset"))
+        stream = HuggingFaceStream(loader.dataset, backend.process_index, backend.num_processes, loader.batch_size,
+                                   loader.collate_fn, _stateful_loader_maker(loader))
+        return PreparedStreamLoader(stream, backend, loader.drop_last)
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:
             raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
@@ -127,6 +136,30 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     )
 
 
+def _stateful_loader_maker(loader: Any) -> Optional[Any]:
+    """``part -> StatefulDataLoader`` with ``loader``'s workers and collation, whose ``state_dict``
+    holds every worker's position in its shards; ``None`` (batch in the process) when the loader
+    has no workers and torchdata is not installed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        if loader.num_workers:
+            raise ImportError(
+                "prepare() of a DataLoader with workers over a datasets.IterableDataset checkpoints the workers' "
+                "positions through torchdata's StatefulDataLoader: pip install 'unified[torchdata]', or "
+                "use num_workers=0." + see("stream-needs-torchdata")) from None
+        return None
+
+    def make(part: Any) -> Any:
+        return StatefulDataLoader(
+            part, batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+
+    return make
+
+
 class _LoaderSettings:
     """The parts of a torch DataLoader that the shared sharding logic reads."""
 
@@ -144,7 +177,8 @@ class _SamplerSource:
     global generator are seeded from ``(seed, epoch)`` and afterwards put back, so the training's
     own random numbers do not move. A sampler with ``state_dict``/``load_state_dict`` is
     checkpointed through them (its state before the epoch is drawn); a sampler without them that
-    owns a ``torch.Generator`` has it re-seeded from that generator's initial seed and the epoch.
+    owns a ``torch.Generator`` has it re-seeded from that generator's initial seed and the epoch;
+    that seed is process 0's (`agree`) and part of the checkpoint.
     """
 
     def __init__(self, sampler: Any, seed: int, batches: bool) -> None:
@@ -179,10 +213,25 @@ class _SamplerSource:
                 return [[int(i) for i in batch] for batch in self.sampler]
             return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
 
+    def agree(self, broadcast: Any) -> None:
+        """Process 0's initial seeds for the generators re-seeded each epoch: a sampler that seeded
+        its own generator from torch's global one (torchdata's ``RandomSampler``) got another seed
+        on each process unless the script seeded torch first."""
+        seeds = broadcast([initial for _, initial in self._generators])
+        self._generators = [(generator, int(seed)) for (generator, _), seed in zip(self._generators, seeds)]
+
     def state(self) -> Optional[Any]:
-        return _to_host(self.sampler.state_dict()) if self.stateful else None
+        if self.stateful:
+            return _to_host(self.sampler.state_dict())
+        # the seeds the epochs are drawn from: a restarted run whose sampler seeded itself anew resumes the same order
+        return {"generator_seeds": [initial for _, initial in self._generators]} if self._generators else None
 
     def load(self, state: Any) -> None:
+        if not self.stateful:
+            seeds = state.get("generator_seeds") if isinstance(state, dict) else None
+            if seeds is not None and len(seeds) == len(self._generators):
+                self._generators = [(generator, int(seed)) for (generator, _), seed in zip(self._generators, seeds)]
+            return
         self.sampler.load_state_dict(_like(self.sampler.state_dict(), state))
 
 

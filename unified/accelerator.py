@@ -485,6 +485,9 @@ class Accelerator(AccelerateSurface):
         seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
         loader = prepare_loader(obj, self._backend, seed)
         if loader is not None:
+            connect = getattr(loader, "connect", None)
+            if callable(connect):  # collectives the loader needs: a sampler's own seed agreed, a stream's steps
+                connect(self._collectives)
             loader.on_batch = self.gradient_state.saw_batch  # the end of a loader closes a window
             self._metrics.watch(loader)
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict,

@@ -438,6 +438,10 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         raise ValueError(f"Invalid num_batches: expected >= 0; received {num_batches}." + see("invalid-num-batches"))
     if isinstance(dataloader, DataLoader):
         dataloader = dataloader._single
+    from .streams import PreparedStreamLoader
+
+    if isinstance(dataloader, PreparedStreamLoader):
+        return dataloader.skipped_to(int(num_batches))
     if isinstance(dataloader, PreparedIterableLoader):
         if dataloader.position >= num_batches:
             return dataloader  # already there (restored by load_state): never skip twice
@@ -455,14 +459,26 @@ def _is_iterable_dataset(dataset: Any) -> bool:
 
 
 def _prepare(source: Any, backend: Placement, seed: Optional[int]) -> Any:
+    from .streams import HuggingFaceStream, PreparedStreamLoader, is_hf_iterable
+
+    if is_hf_iterable(source.dataset):  # each process reads its own shards
+        stream = HuggingFaceStream(source.dataset, backend.process_index, backend.num_processes, source.batch_size,
+                                   source.collate_fn)
+        return PreparedStreamLoader(stream, backend, source.drop_last)
     kind = PreparedIterableLoader if _is_iterable_dataset(source.dataset) else PreparedDataLoader
     return kind(source, backend, seed)
 
 
 def prepare_loader(obj: Any, backend: Backend, seed: Optional[int]) -> Optional[Any]:
-    """The prepared form of a `DataLoader` or a ``torch.utils.data.DataLoader``; None otherwise."""
+    """The prepared form of a `DataLoader`, a Grain loader or dataset (`unified.streams`), or
+    what the backend adapts (a ``torch.utils.data.DataLoader``); None otherwise."""
+    from .streams import PreparedStreamLoader, stream_for
+
     if isinstance(obj, DataLoader):
         return _prepare(obj, backend, obj.seed if obj.seed is not None else seed)
+    stream = stream_for(obj, backend.process_index, backend.num_processes)
+    if stream is not None:
+        return PreparedStreamLoader(stream, backend)
     return backend.prepare_loader(obj, seed) if isinstance(backend, ForeignLoaders) else None
 
 
@@ -584,6 +600,10 @@ class OrderSource(Protocol):
 
     def load(self, state: Any) -> None: ...
 
+    def agree(self, broadcast: Callable[[Any], Any]) -> None:
+        """Make every process draw the same orders: ``broadcast(value)`` returns process 0's
+        JSON ``value`` on every process (the seeds of generators the sampler made itself)."""
+
 
 def derived_seed(seed: int, epoch: int) -> int:
     """A 32-bit seed from ``(seed, epoch)``: what a sampler's generators are seeded with for an epoch."""
@@ -635,6 +655,11 @@ class _DrawnEpochs:
         self._source = source
         self._drawn: Optional[_Drawn] = None
         self._resume: Optional[Dict[str, Any]] = None  # what load_state_dict left for the saved epoch
+
+    def connect(self, exchange: Any) -> None:
+        """Called by `Accelerator.prepare` on every process with its `unified.collectives.Collectives`:
+        the sampler's orders agree (see `OrderSource.agree`), however its generators were seeded."""
+        self._source.agree(lambda value: exchange.broadcast_json(value, operation="prepare_loader"))
 
     def _draw(self, epoch: int) -> _Drawn:
         if self._drawn is not None and self._drawn.epoch == epoch:

@@ -13,9 +13,12 @@ __all__ = ["set_seed", "capture_host_rng", "restore_host_rng"]
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False, backend: Any = None) -> None:
-    """Seed Python's `random`, NumPy's global generator and the framework: the given backend's,
-    else every registered framework that is already imported (none is imported for it; JAX has
-    no global generator: the Accelerator's key stream is seeded by ``Accelerator(seed=...)``).
+    """Seed Python's `random`, NumPy's global generator, the given backend and every registered
+    framework that is already imported (none is imported for it; JAX has no global generator: the
+    Accelerator's key stream is seeded by ``Accelerator(seed=...)``). As Accelerate's ``set_seed``
+    seeds torch on every setup, a JAX run seeds torch too when the script imported it: a torch
+    sampler built next (torchdata's ``RandomSampler`` seeds itself from torch's global generator)
+    then draws the same order on every process.
 
     Example:
         >>> from unified.utils import set_seed
@@ -30,9 +33,10 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         backend.seed(seed)
     from .registry import backend_names, backend_spec, load_object
 
-    for name in backend_names():  # with a backend, only `deterministic` still needs the others
+    own = getattr(backend, "name", None)
+    for name in backend_names():  # the backend's own framework was seeded above unless `deterministic` asks more
         spec = backend_spec(name)
-        if spec.seed_globals and spec.framework in sys.modules and (backend is None or deterministic):
+        if spec.seed_globals and spec.framework in sys.modules and (name != own or deterministic):
             load_object(spec.seed_globals)(seed, deterministic)
 
 

@@ -11,10 +11,12 @@ from unified.tracking import available_trackers
 
 from ..harness import run_group
 from ..tracker_files import READER_MODULES, READERS
+from ..pipeline_scenarios import HF_SHARDS, hf_total, pipeline_grain, pipeline_hf_stream, pipeline_torchdata
 from ..scenarios import TRACKED_STEPS, data_epochs, data_iterable, data_load_other_count, data_resume, data_save_for_other_count, data_skip, data_torch_workers, start, tracking
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, tracking]
+SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable,
+             pipeline_torchdata, pipeline_hf_stream, pipeline_grain, tracking]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
@@ -106,6 +108,35 @@ def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
     assert seen == list(range(full * g))                # every process its own share, once
     last = [x for r in rows for x in r["epoch0"][full:][0]] if left else []
     assert sorted(set(last)) == list(range(full * g, 20))  # the end: its items, repeated to fill up
+
+
+def _pipeline(group, scenario):
+    rows = group.scenario(scenario)
+    if "missing" in rows[0]:
+        pytest.skip(rows[0]["missing"])
+    return rows
+
+
+@pytest.mark.parametrize("scenario, samples", [pytest.param(pipeline_torchdata, 24, id="torchdata"),
+                                               pytest.param(pipeline_hf_stream, hf_total(), id="datasets-stream"),
+                                               pytest.param(pipeline_grain, 30, id="grain")])
+def test_library_pipelines_give_each_process_its_share_and_resume_exactly(group, scenario, samples):
+    rows = _pipeline(group, scenario)
+    shares = [{x for batch in r["epoch"] for x in batch} for r in rows]  # repeats that fill up a batch are a process's own
+    assert sum(len(s) for s in shares) == len(set().union(*shares)) == samples  # disjoint, together the whole epoch
+    for r in rows:
+        assert sorted(r["metrics"]) == list(range(samples))  # gather_for_metrics: every sample once
+        assert len(r["first"]) == 2 and r["rest"]
+        assert r["resumed"] == r["rest"]  # a fresh Accelerator continues at the next batch of every process
+
+
+def test_a_datasets_stream_is_read_one_share_per_process(group):
+    rows = _pipeline(group, pipeline_hf_stream)
+    opened = [r["shards_read"] for r in rows]
+    assert sorted(s for shards in opened for s in shards) == list(range(HF_SHARDS))  # each shard once, by one process
+    assert all(len(shards) == HF_SHARDS // group.size for shards in opened)
+    lengths = [len(r["epoch"]) for r in rows]
+    assert len(set(lengths)) == 1  # shares of unequal length: every process takes part in every step
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
