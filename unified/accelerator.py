@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
@@ -20,7 +20,7 @@ from .errors import CheckpointError, RegistrationError, see
 from .kwargs_handlers import options_of, resolve_handlers
 from .operations import set_current
 from .metrics import Metrics
-from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_handle_preemption
+from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_handle_preemption, resolve_preemption_signals
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
@@ -67,6 +67,10 @@ class Accelerator(AccelerateSurface):
             stop a job) makes the next `check_trigger` return True on every process and sets
             `preempted`, instead of ending the process; see `exit_if_preempted`. Default:
             ``UNIFIED_HANDLE_PREEMPTION`` (``1``), else False (signals keep their default action).
+        preemption_signals: the signals ``handle_preemption`` counts instead of SIGTERM and SIGUSR1:
+            names (``"SIGUSR2"``, submitit's) or numbers, or one comma-separated string. Default:
+            ``UNIFIED_PREEMPTION_SIGNALS`` (``unified launch --preemption-signals`` sets it), else
+            SIGTERM and SIGUSR1.
 
     Example:
         >>> from unified import Accelerator
@@ -87,6 +91,7 @@ class Accelerator(AccelerateSurface):
         log_with: Any = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
         handle_preemption: Optional[bool] = None,
+        preemption_signals: Optional[Union[str, Sequence[Union[str, int]]]] = None,
         dataloader_config: Optional[DataLoaderConfiguration] = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Optional[List[Any]] = None,
@@ -102,6 +107,7 @@ class Accelerator(AccelerateSurface):
         self.dataloader_config.check()
         self.step_scheduler_with_optimizer = bool(step_scheduler_with_optimizer)
         self.handle_preemption: bool = resolve_handle_preemption(handle_preemption)
+        self.preemption_signals: Tuple[int, ...] = resolve_preemption_signals(preemption_signals)
         self.mixed_precision: str = resolve_mixed_precision(mixed_precision)
         self.gradient_state = GradientState(num_steps=resolve_accumulation_steps(gradient_accumulation_steps))
         self._trackers = TrackerSet(log_with, project_config, project_dir)  # checked before joining the group
@@ -119,7 +125,7 @@ class Accelerator(AccelerateSurface):
         self._preempted = False
         self._ended = False
         # installed once the group is joined: a signal during the join keeps its default action
-        self._signals: Optional[SignalFlag] = SignalFlag.install() if self.handle_preemption else None
+        self._signals: Optional[SignalFlag] = SignalFlag.install(self.preemption_signals) if self.handle_preemption else None
         self._signals_seen = 0
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
@@ -308,7 +314,7 @@ class Accelerator(AccelerateSurface):
         """True on every process, in the same call, if any process called `set_trigger` since
         the last check; resets the flag. A collective: every process must call it equally often.
 
-        With ``handle_preemption``, a SIGTERM or SIGUSR1 received by any process since the last
+        With ``handle_preemption``, a preemption signal (`preemption_signals`) received by any process since the last
         check fires it too and sets `preempted` on every process; from then on it returns True
         at every call (the job is going away).
 
@@ -331,8 +337,8 @@ class Accelerator(AccelerateSurface):
 
     @property
     def preempted(self) -> bool:
-        """True on every process once `check_trigger` reported a preemption signal (SIGTERM or
-        SIGUSR1 to any process, with ``handle_preemption``).
+        """True on every process once `check_trigger` reported a preemption signal (one of
+        `preemption_signals`, SIGTERM or SIGUSR1 by default, to any process, with ``handle_preemption``).
 
         Example:
             >>> if accelerator.check_trigger():

@@ -36,7 +36,8 @@ from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, RESTART_VA
 from .errors import see
 from .logging import PROGRESS_INTERVAL
 from .parent_watch import PARENT_VARIABLE, watched
-from .preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses
+from .preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, SIGNALS_VARIABLE, STATUS_DIR_VARIABLE, read_statuses,
+                         resolve_preemption_signals, signal_names)
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
@@ -50,10 +51,10 @@ GRACE_PERIOD_SECONDS = 60.0
 # own workers ended, so that the other machines' workers can say goodbye to it.
 SERVICE_LINGER_SECONDS = 10.0
 # Ended by one of these, the launcher stops its children (SIGINT forwarded as SIGINT, the others
-# as SIGTERM) and exits 128 + the signal's number. torchrun handles the same set. SIGTERM and
-# SIGUSR1 (PREEMPTION_SIGNALS) are first forwarded to the workers, who get the grace period.
+# as SIGTERM) and exits 128 + the signal's number. torchrun handles the same set. The preemption
+# signals (SIGTERM and SIGUSR1 unless --preemption-signals names others) are first forwarded to
+# the workers, who get the grace period.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-HANDLED_SIGNALS = tuple(dict.fromkeys(STOP_SIGNALS + PREEMPTION_SIGNALS))
 # The exit code when our output's reader went away: a shell reports a process killed by SIGPIPE so.
 OUTPUT_CLOSED_CODE = 128 + signal.SIGPIPE
 # Workers write into pipes, whose lines we copy: tqdm bars (plain tqdm too, through its own
@@ -80,6 +81,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--grace-period", "--grace_period", type=float, default=GRACE_PERIOD_SECONDS,
                         help="seconds the workers get to save and exit after a SIGTERM/SIGUSR1 forwarded to them "
                              f"(default {GRACE_PERIOD_SECONDS:g}); then, or at a second signal, they are stopped")
+    parser.add_argument("--preemption-signals", "--preemption_signals", default=None, metavar="SIGNALS",
+                        help="comma-separated signals that announce a preemption, forwarded to the workers with the "
+                             "grace period and counted by Accelerator(handle_preemption=True) (sets "
+                             f"{SIGNALS_VARIABLE}; default SIGTERM,SIGUSR1; e.g. SIGTERM,SIGUSR2 for submitit)")
     parser.add_argument("--max-restarts", "--max_restarts", type=int, default=0,
                         help="when a process fails or the group breaks, stop what is left and start the group "
                              "again, at most this many times (default 0; one machine). The script resumes with "
@@ -129,6 +134,11 @@ def _validate(args: argparse.Namespace) -> None:
                          "scheduler restart the job (docs/fault-tolerance.md)." + see("launch-max-restarts"))
     if not os.path.exists(args.script):
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
+    try:
+        resolve_preemption_signals(getattr(args, "preemption_signals", None))
+    except ValueError as err:
+        reason = str(err).split(" See docs/")[0]
+        raise SystemExit(f"unified launch: --preemption-signals: {reason}" + see("preemption-signals")) from None
 
 
 @dataclass(frozen=True)
@@ -450,9 +460,11 @@ RESTARTABLE = (FAILED, BROKE)
 
 
 def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
-                      grace_period: float = GRACE_PERIOD_SECONDS, process_indices: Sequence[int] = ()) -> Tuple[int, str]:
+                      grace_period: float = GRACE_PERIOD_SECONDS, process_indices: Sequence[int] = (),
+                      preemption_signals: Sequence[int] = PREEMPTION_SIGNALS) -> Tuple[int, str]:
     """`run_group`, and what ended the group: one of `FINISHED`, `OUTPUT_CLOSED`, `PREEMPTED`,
-    `INTERRUPTED`, `FAILED`, `BROKE`."""
+    `INTERRUPTED`, `FAILED`, `BROKE`. ``preemption_signals`` are forwarded to the workers, who
+    get the grace period; the other handled signals stop them."""
     output = _Output()
     interrupted: List[int] = []
 
@@ -460,12 +472,12 @@ def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
         interrupted.append(signum)
 
     status_dir = tempfile.mkdtemp(prefix="unified-launch-")
-    previous = {s: signal.signal(s, on_signal) for s in HANDLED_SIGNALS}
+    previous = {s: signal.signal(s, on_signal) for s in dict.fromkeys(STOP_SIGNALS + tuple(preemption_signals))}
     children = ProcessGroup(workers, output=output, status_dir=status_dir)
     try:
         children.start()
         group = _Group(children.procs, workers, output, interrupted, remote_peers, grace_period, status_dir,
-                       process_indices)
+                       process_indices, tuple(preemption_signals))
         code = group.supervise()
     except BaseException:
         children.stop()
@@ -500,8 +512,9 @@ class _Group:
 
     def __init__(self, procs: Sequence[subprocess.Popen], workers: Sequence[Worker], output: _Output,
                  interrupted: List[int], remote_peers: bool, grace_period: float, status_dir: str,
-                 process_indices: Sequence[int]) -> None:
+                 process_indices: Sequence[int], preemption_signals: Tuple[int, ...] = PREEMPTION_SIGNALS) -> None:
         self.procs, self.workers, self.output, self.interrupted = procs, workers, output, interrupted
+        self.preemption_signals = preemption_signals
         self.remote_peers, self.grace_period = remote_peers, grace_period
         self.status_dir, self.indices = status_dir, list(process_indices)
         self.mains = [(p, w) for p, w in zip(procs, workers) if not w.service]
@@ -520,7 +533,7 @@ class _Group:
             now = time.monotonic()
             if self.interrupted:
                 first = self.interrupted[0]
-                if first not in PREEMPTION_SIGNALS or len(self.interrupted) > 1 or self.grace_period <= 0:
+                if first not in self.preemption_signals or len(self.interrupted) > 1 or self.grace_period <= 0:
                     stop_processes(self.procs, signal.SIGINT if first == signal.SIGINT else signal.SIGTERM)
                     return 128 + first
                 if grace_until is None:
@@ -580,6 +593,9 @@ def launch(args: argparse.Namespace) -> int:
     _validate(args)
     if getattr(args, "mixed_precision", None):
         os.environ[PRECISION_VARIABLE] = args.mixed_precision  # the workers inherit it
+    preemption_signals = resolve_preemption_signals(getattr(args, "preemption_signals", None))  # checked by _validate
+    if getattr(args, "preemption_signals", None):
+        os.environ[SIGNALS_VARIABLE] = signal_names(preemption_signals)  # the workers' Accelerators count the same
     backend = resolve_backend_name(args.backend)
     launcher: Launcher = load_object(backend_spec(backend).launcher)
     max_restarts = getattr(args, "max_restarts", 0)
@@ -595,7 +611,7 @@ def launch(args: argparse.Namespace) -> int:
         started = time.monotonic()
         code, outcome = run_group_outcome(launcher.workers(plan), remote_peers=args.num_machines > 1,
                                           grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS),
-                                          process_indices=indices)
+                                          process_indices=indices, preemption_signals=preemption_signals)
         if outcome not in RESTARTABLE or not max_restarts:
             return code
         took = time.monotonic() - started

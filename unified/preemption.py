@@ -2,7 +2,8 @@
 
 Schedulers (SLURM, spot instances) announce the end of a job with a signal some seconds before
 they stop it. With ``Accelerator(handle_preemption=True)`` (or ``UNIFIED_HANDLE_PREEMPTION=1``)
-SIGTERM and SIGUSR1 only raise a flag (`SignalFlag`); the next ``check_trigger`` folds it into
+SIGTERM and SIGUSR1 (or the signals ``preemption_signals=`` / ``--preemption-signals`` name,
+SIGUSR2 for submitit say) only raise a flag (`SignalFlag`); the next ``check_trigger`` folds it into
 its collective, so the trigger fires on every process in the same call and
 ``accelerator.preempted`` becomes True everywhere. The script saves, and
 ``accelerator.exit_if_preempted()`` ends the process with `PREEMPTED_EXIT_CODE`, which a requeue
@@ -19,17 +20,22 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import see
 
-__all__ = ["PREEMPTED_EXIT_CODE", "PREEMPTION_SIGNALS", "HANDLE_VARIABLE", "STATUS_DIR_VARIABLE", "SignalFlag",
-           "resolve_handle_preemption", "record_status", "read_statuses"]
+__all__ = ["PREEMPTED_EXIT_CODE", "PREEMPTION_SIGNALS", "HANDLE_VARIABLE", "SIGNALS_VARIABLE", "STATUS_DIR_VARIABLE",
+           "SignalFlag", "resolve_handle_preemption", "resolve_preemption_signals", "signal_names", "record_status",
+           "read_statuses"]
 
 # EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to retry".
 PREEMPTED_EXIT_CODE = 75
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 HANDLE_VARIABLE = "UNIFIED_HANDLE_PREEMPTION"
+# The preemption signals when neither Accelerator(preemption_signals=) nor --preemption-signals
+# names them: comma-separated names ("SIGTERM,SIGUSR2"); `unified launch` sets it for its workers.
+SIGNALS_VARIABLE = "UNIFIED_PREEMPTION_SIGNALS"
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 STATUS_DIR_VARIABLE = "UNIFIED_STATUS_DIR"
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -46,6 +52,44 @@ def resolve_handle_preemption(value: Optional[bool]) -> bool:
         return False
     raise ValueError(f"Unknown {HANDLE_VARIABLE}={raw!r}: expected 1/true/yes/on or 0/false/no/off."
                      + see("handle-preemption-variable"))
+
+
+def resolve_preemption_signals(value: Optional[Union[str, Sequence[Union[str, int]]]] = None) -> Tuple[int, ...]:
+    """The signals that announce a preemption: ``value`` (names such as ``"SIGUSR2"`` or
+    ``"USR2"``, numbers, or one comma-separated string), else ``UNIFIED_PREEMPTION_SIGNALS``, else
+    SIGTERM and SIGUSR1. Raises `ValueError` for an unknown name or a signal no process can catch.
+
+    Example:
+        >>> resolve_preemption_signals("SIGTERM,USR2") == (signal.SIGTERM, signal.SIGUSR2)
+        True
+    """
+    raw = value if value is not None else os.environ.get(SIGNALS_VARIABLE, "")
+    parts = [p.strip() for p in raw.split(",")] if isinstance(raw, str) else list(raw)
+    parts = [p for p in parts if p != ""]
+    if not parts:
+        return PREEMPTION_SIGNALS
+    chosen = []
+    for part in parts:
+        try:
+            if isinstance(part, int) or str(part).isdigit():
+                number = signal.Signals(int(part))
+            else:
+                name = str(part).upper()
+                number = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+        except (KeyError, ValueError):
+            raise ValueError(f"Unknown preemption signal {part!r}: expected names such as SIGTERM, SIGUSR1, SIGUSR2 "
+                             "(or their numbers)." + see("preemption-signals")) from None
+        if number in _UNCATCHABLE:
+            raise ValueError(f"{number.name} cannot announce a preemption: no process can catch it, so there is no time "
+                             "to save. Use a signal the scheduler sends before it (SIGTERM, SIGUSR1, SIGUSR2)."
+                             + see("preemption-signals"))
+        chosen.append(number)
+    return tuple(dict.fromkeys(chosen))
+
+
+def signal_names(signals: Sequence[int]) -> str:
+    """``"SIGTERM,SIGUSR2"``: what `UNIFIED_PREEMPTION_SIGNALS` holds."""
+    return ",".join(signal.Signals(s).name for s in signals)
 
 
 class SignalFlag:
@@ -66,22 +110,25 @@ class SignalFlag:
     def __init__(self) -> None:
         self.count = 0
         self.last_signal: Optional[int] = None
+        self.signals: List[int] = []  # counted from now on
 
     @classmethod
-    def install(cls) -> "SignalFlag":
-        """Count SIGTERM and SIGUSR1 from now on instead of their default action (idempotent).
-        Must run in the main thread, where Python runs signal handlers."""
+    def install(cls, signals: Sequence[int] = PREEMPTION_SIGNALS) -> "SignalFlag":
+        """Count ``signals`` (default SIGTERM and SIGUSR1) from now on instead of their default
+        action; a later call adds its signals to those counted already. Must run in the main
+        thread, where Python runs signal handlers."""
         with cls._lock:
-            if cls._instance is None:
-                if threading.current_thread() is not threading.main_thread():
-                    raise RuntimeError(
-                        "Accelerator(handle_preemption=True) must be created in the main thread: Python runs "
-                        "signal handlers only there." + see("preemption-main-thread"))
-                flag = cls()
-                for sig in PREEMPTION_SIGNALS:
-                    signal.signal(sig, flag._handle)
-                cls._instance = flag
-            return cls._instance
+            flag = cls._instance or cls()
+            missing = [s for s in signals if s not in flag.signals]
+            if missing and threading.current_thread() is not threading.main_thread():
+                raise RuntimeError(
+                    "Accelerator(handle_preemption=True) must be created in the main thread: Python runs "
+                    "signal handlers only there." + see("preemption-main-thread"))
+            for sig in missing:
+                signal.signal(sig, flag._handle)
+                flag.signals.append(sig)
+            cls._instance = flag
+            return flag
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.count += 1

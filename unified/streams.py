@@ -20,7 +20,7 @@ resumes only at an epoch boundary: a library position belongs to its share.
 from __future__ import annotations
 
 import json
-import math
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
 
 import numpy as np
@@ -237,6 +237,20 @@ class HuggingFaceStream:
         self.batch_size, self._collate, self._make_loader = int(batch_size), collate, make_loader
         self.described = "a Hugging Face datasets.IterableDataset"
         self._state: Callable[[], Any] = lambda: None
+        self.warn_if_inexact()
+
+    def warn_if_inexact(self) -> None:
+        """A shuffle buffer is not in the library's state: a resume refills it from the stream, so
+        the examples after it differ from the uninterrupted run's; and datasets 5.2 cannot load
+        such a state into a StatefulDataLoader's workers (IndexError inside a worker). Said once,
+        by the main process, when the loader is prepared."""
+        if self.rank == 0 and _has_shuffle_buffer(self.dataset):
+            warnings.warn(
+                "this datasets.IterableDataset is shuffled through a buffer (.shuffle(buffer_size=...)), which the "
+                "library does not save: a resume continues each shard where it stood but refills the buffer, so "
+                "the examples after a resume are not exactly the uninterrupted run's, and with DataLoader workers "
+                "datasets cannot load its state at all. For exact resumes, shuffle the order of the files "
+                "(data_files) yourself and drop the buffer." + see("hf-shuffle-buffer"), UserWarning, stacklevel=4)
 
     def _part(self, epoch: int) -> Any:
         from datasets.distributed import split_dataset_by_node
@@ -267,6 +281,16 @@ class HuggingFaceStream:
 
     def state(self) -> Any:
         return self._state()
+
+
+def _has_shuffle_buffer(dataset: Any) -> bool:
+    """True when a datasets.IterableDataset's chain of example iterables holds a shuffle buffer."""
+    node, seen = getattr(dataset, "_ex_iterable", None), 0
+    while node is not None and seen < 64:
+        if type(node).__name__ == "BufferShuffledExamplesIterable":
+            return True
+        node, seen = getattr(node, "ex_iterable", None), seen + 1
+    return False
 
 
 # -- Grain ------------------------------------------------------------------------------------------
@@ -338,7 +362,7 @@ def _grain_batch_size(loader: Any) -> Optional[int]:
 
 
 class GrainDatasetStream:
-    """A Grain ``IterDataset`` (or ``MapDataset``, read in order) that the script has sharded
+    """A Grain ``IterDataset`` (or ``MapDataset``, read in order, or a ``DatasetIterator``) that the script has sharded
     already (e.g. ``dataset[jax.process_index()::jax.process_count()]``): taken as it is, its
     iterator's ``get_state()`` the position. A new iteration each epoch."""
 
@@ -351,7 +375,8 @@ class GrainDatasetStream:
 
     def open(self, epoch: int, state: Optional[Any]) -> Iterator[Any]:
         dataset = self.dataset.to_iter_dataset() if hasattr(self.dataset, "to_iter_dataset") else self.dataset
-        self._iterator = iter(dataset)
+        # an iterator handed in is read once (its own epochs, if any, are its own)
+        self._iterator = dataset if _is_grain(dataset, "DatasetIterator") else iter(dataset)
         if state is not None:
             self._iterator.set_state(state)
         return self._iterator
@@ -364,6 +389,6 @@ def stream_for(obj: Any, rank: int, world: int) -> Optional[ProcessStream]:
     """The `ProcessStream` of a Grain loader or dataset; ``None`` for anything else."""
     if _is_grain(obj, "DataLoader"):
         return GrainLoaderStream(obj, rank, world)
-    if _is_grain(obj, "IterDataset") or _is_grain(obj, "MapDataset"):
+    if _is_grain(obj, "IterDataset") or _is_grain(obj, "MapDataset") or _is_grain(obj, "DatasetIterator"):
         return GrainDatasetStream(obj)
     return None

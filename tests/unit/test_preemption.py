@@ -155,3 +155,75 @@ def test_grace_period_must_not_be_negative(tmp_path):
     script.write_text("")
     with pytest.raises(SystemExit, match="grace-period"):
         launch_module.launch(launch_module.build_parser().parse_args(["--grace-period", "-1", str(script)]))
+
+
+def test_preemption_signals_are_named_by_argument_or_variable_and_uncatchable_ones_refused(monkeypatch):
+    from unified.preemption import SIGNALS_VARIABLE, resolve_preemption_signals
+
+    monkeypatch.delenv(SIGNALS_VARIABLE, raising=False)
+    assert resolve_preemption_signals() == (signal.SIGTERM, signal.SIGUSR1)  # the default, unchanged
+    assert resolve_preemption_signals(["USR2", int(signal.SIGTERM), "sigusr2"]) == (signal.SIGUSR2, signal.SIGTERM)
+    monkeypatch.setenv(SIGNALS_VARIABLE, "SIGTERM, SIGUSR2")
+    assert resolve_preemption_signals() == (signal.SIGTERM, signal.SIGUSR2)
+    assert resolve_preemption_signals("SIGUSR1") == (signal.SIGUSR1,)  # the argument wins
+    with pytest.raises(ValueError, match="Unknown preemption signal 'SIGNOPE'.*#preemption-signals"):
+        resolve_preemption_signals("SIGNOPE")
+    with pytest.raises(ValueError, match="SIGKILL cannot announce a preemption"):
+        resolve_preemption_signals("SIGTERM,SIGKILL")
+
+
+def test_a_configured_signal_fires_the_trigger_and_the_default_ones_keep_their_action():
+    run = _accelerator_script("""
+        acc = unified.Accelerator(handle_preemption=True, preemption_signals="SIGUSR2")
+        print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        print(acc.check_trigger(), acc.preempted, flush=True)
+    """)
+    assert run.stdout.split() == ["True", "True", "True"], run.stdout + run.stderr
+
+
+def test_the_launcher_refuses_an_unknown_preemption_signal(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(SystemExit, match="--preemption-signals: Unknown preemption signal 'SIGWHAT'"):
+        launch_module.launch(launch_module.build_parser().parse_args(["--preemption-signals", "SIGWHAT", str(script)]))
+
+
+def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_path):
+    """`unified launch --preemption-signals SIGUSR2`: the launcher forwards SIGUSR2 to the workers
+    with the grace period (not a stop), and sets the variable their Accelerators read."""
+    from unified.preemption import SIGNALS_VARIABLE
+
+    ready = tmp_path / "ready"
+    body = textwrap.dedent(f"""
+        import os, signal, sys, time
+        print(os.environ.get({SIGNALS_VARIABLE!r}), flush=True)
+        got = []
+        signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+        open({str(ready)!r}, "w").close()
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("worker got SIGUSR2" if got else "worker got nothing", flush=True)
+        sys.exit(0 if got else 1)
+    """)
+    script = tmp_path / "w.py"
+    script.write_text(body)
+    launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys
+        from unified import launch
+        from unified.launch import Worker, run_group_outcome
+        from unified.preemption import resolve_preemption_signals, signal_names
+        signals = resolve_preemption_signals("SIGUSR2")
+        os.environ[{SIGNALS_VARIABLE!r}] = signal_names(signals)
+        code, outcome = run_group_outcome([Worker([sys.executable, {str(script)!r}], dict(os.environ))],
+                                          grace_period=30, preemption_signals=signals)
+        print("outcome", code, outcome, flush=True)
+    """)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = __import__("time").monotonic() + 60
+    while not ready.exists() and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.02)
+    launcher.send_signal(signal.SIGUSR2)
+    out, _ = launcher.communicate(timeout=60)
+    # forwarded, not a stop: the worker ran its handler and ended on its own within the grace period
+    assert out.splitlines()[0] == "SIGUSR2" and "worker got SIGUSR2" in out and "outcome 0 " in out, out

@@ -2,8 +2,11 @@
 with 2 and 3 processes.
 
 One chain of runs per (backend, size), each run a real launch that ends as a preempted job ends:
-SIGTERM to process 0 at step 3, SIGUSR1 to the last process at step 6, SIGTERM to the launcher at
-step 8, then a run to the end (step 10), each resuming from the previous one's checkpoint. An
+SIGTERM to process 0 at step 3, SIGUSR2 to the last process at step 6, SIGTERM to the launcher at
+step 8, then a run to the end (step 10), each resuming from the previous one's checkpoint. Every
+launch names its preemption signals, ``--preemption-signals SIGTERM,SIGUSR2`` (submitit's), which
+the workers' Accelerators take from the launcher, so a configured signal is tested beside the
+default SIGTERM (SIGUSR1, the other default, in tests/unit/test_preemption.py). An
 uninterrupted run of 10 steps is the reference. Every preempted run must stop at the signalled
 step on every process, commit exactly one checkpoint of that step, exit through
 ``exit_if_preempted`` (no process killed by the signal) and make the launcher exit with
@@ -32,7 +35,7 @@ pytestmark = [pytest.mark.multiprocess,
 SCRIPT = Path(__file__).resolve().parents[1] / "preemption_run.py"
 STEPS = 10
 # (tag, step, signal, whom): whom is a process index ("last": the last one) or "launcher"
-CHAIN = [("to-first", 3, signal.SIGTERM, "0"), ("to-last", 6, signal.SIGUSR1, "last"),
+CHAIN = [("to-first", 3, signal.SIGTERM, "0"), ("to-last", 6, signal.SIGUSR2, "last"),
          ("to-launcher", 8, signal.SIGTERM, "launcher")]
 LAUNCH_DEADLINE = 240
 
@@ -41,7 +44,7 @@ def _launch(backend: str, size: int, shared: Path, tag: str, *args: str) -> subp
     log = open(shared / f"{tag}.log", "wb")
     try:
         return subprocess.Popen([sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend,
-                                 "--grace-period", "60", str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
+                                 "--grace-period", "60", "--preemption-signals", "SIGTERM,SIGUSR2", str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
                                 cwd=shared, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()
