@@ -46,6 +46,24 @@ def test_a_killed_process_is_healed_by_the_launcher(backend, tmp_path):
     for rank in (0, 1):
         assert got[rank]["restart_count"] == 1 and got[rank]["resumed"] and got[rank]["first_step"] == 4, got
         assert got[rank]["hash"] == expected[rank]["hash"], (got, expected)  # as if nothing had happened
+    _check_trackers_continued(healed.stdout, tmp_path / "healed")
+
+
+def _check_trackers_continued(output: str, project: Path) -> None:
+    """Both attempts logged into the same W&B and MLflow runs, and the MLflow run holds every
+    step once a step was logged: 0-3 by the first attempt (killed after step 3's save), 4-5 by
+    the second."""
+    runs = [json.loads(m.group(1)) for m in re.finditer(r"^\[0\] TRACKERS (.*)$", output, re.M)]
+    if not runs or not runs[0]:
+        pytest.skip("needs the tracking extra: pip install 'unified[tracking]'")
+    assert len(runs) == 2 and runs[0] == runs[1], runs  # the restarted attempt continued the runs
+    if "mlflow" in runs[0]:
+        import mlflow
+
+        store = project / "mlflow.db"  # the local store under logging_dir (the file store where MLflow allows it)
+        client = mlflow.MlflowClient(f"sqlite:///{store}" if store.exists() else (project / "mlruns").as_uri())
+        steps = sorted(m.step for m in client.get_metric_history(runs[0]["mlflow"]["run_id"], "step_done"))
+        assert steps == [0, 1, 2, 3, 4, 5], steps
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

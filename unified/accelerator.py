@@ -149,6 +149,7 @@ class Accelerator(AccelerateSurface):
 
     def _init_state(self) -> None:
         self._checkpoints = CheckpointManager(self._backend, self._collectives, self.project_configuration)
+        self._checkpoints.tracker_identities = self._trackers.identities
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
         self._prepared: List[Tuple[str, Any]] = []
@@ -880,11 +881,18 @@ class Accelerator(AccelerateSurface):
         ``logging_dir``; ``config`` (hyperparameters) is stored with the run, ``init_kwargs`` maps a
         tracker's name to keywords for it (e.g. ``{"wandb": {"tags": [...]}}``).
 
+        A job that will resume continues the runs of the checkpoint ``load_state()`` would load
+        (every checkpoint names them): W&B logs into the same run id (``resume="allow"``), MLflow
+        into the same run, TensorBoard into the same folder, so a restarted or requeued job's
+        steps go on in one run. A run the script names itself (``init_kwargs={"wandb": {"id":
+        ...}}``, MLflow's ``run_id=`` / ``MLFLOW_RUN_ID``) wins; so does a new ``project_dir``.
+
         Example:
             >>> accelerator = Accelerator(log_with="all", project_dir="runs/exp")
             >>> accelerator.init_trackers("mnist", config={"lr": 1e-3, "batch_size": 64})
         """
-        self._trackers.start(self._backend, project_name, self.logging_dir, config, init_kwargs)
+        self._trackers.start(self._backend, project_name, self.logging_dir, config, init_kwargs,
+                             saved=self._checkpoints.saved_tracker_identities)
 
     def log(self, values: Dict[str, Any], step: Optional[int] = None,
             log_kwargs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:

@@ -22,6 +22,7 @@ Nothing here imports torch or jax: the backend brings values to the host.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import importlib.util
@@ -31,11 +32,12 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from .errors import UnifiedError, see
+from .rng import capture_host_rng, restore_host_rng
 
 __all__ = ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker", "LoggerType",
            "register_tracker_class", "LOGGER_TYPE_TO_CLASS",
@@ -113,6 +115,14 @@ class GeneralTracker:
     def finish(self) -> None:
         """Close the run (``end_training``)."""
 
+    def identity(self) -> Optional[Dict[str, str]]:
+        """What names this tracker's run, saved in every checkpoint (``None``: nothing to continue)."""
+        return None
+
+    def continue_run(self, identity: Dict[str, str]) -> None:
+        """Before `start`: log into the run that ``identity`` (from the checkpoint a resumed job
+        loads) names, unless the script named a run itself."""
+
 
 class NoOpTracker(GeneralTracker):
     """What `get_tracker` returns off the main process (and before ``init_trackers``): every call
@@ -178,6 +188,9 @@ class TensorBoardTracker(GeneralTracker):
         if self.writer is not None:
             self.writer.close()
 
+    def identity(self) -> Optional[Dict[str, str]]:
+        return {"folder": self.logging_dir}  # a resumed run writes new event files into the same folder
+
 
 class MLflowTracker(GeneralTracker):
     """An MLflow run in a local store under ``logging_dir`` (Accelerate's `MLflowTracker`).
@@ -215,6 +228,7 @@ class MLflowTracker(GeneralTracker):
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         self.active_run: Any = None
         self._client: Any = None
+        self._continued: Optional[str] = None  # the run a resumed job continues (continue_run)
 
     @property
     def tracker(self) -> Any:
@@ -249,6 +263,13 @@ class MLflowTracker(GeneralTracker):
         experiment = mlflow.get_experiment_by_name(self.experiment_name)
         experiment_id = (experiment.experiment_id if experiment is not None else
                          mlflow.create_experiment(self.experiment_name, artifact_location=artifacts, tags=self.tags))
+        if self._continued is not None:
+            try:
+                self._client.get_run(self._continued)
+                self.run_id = self._continued
+            except Exception:  # not in this store (another tracking URI): a new run, said once
+                logger.warning("mlflow: the checkpoint's run %s is not in %s; logging into a new run.",
+                               self._continued, self.tracking_uri)
         self.active_run = mlflow.start_run(run_id=self.run_id, experiment_id=experiment_id, run_name=self.run_name,
                                            nested=self.nested_run, tags=self.tags, description=self.description)
         self.run_id = self.active_run.info.run_id
@@ -281,6 +302,13 @@ class MLflowTracker(GeneralTracker):
                 _skipped(self.name, key, value)
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):  # kwargs: `log_kwargs={"mlflow": {...}}` (synchronous=)
             self._client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH], **kwargs)
+
+    def identity(self) -> Optional[Dict[str, str]]:
+        return {"run_id": self.run_id} if self.run_id else None
+
+    def continue_run(self, identity: Dict[str, str]) -> None:
+        if self.run_id is None and identity.get("run_id"):  # run_id= or MLFLOW_RUN_ID win
+            self._continued = str(identity["run_id"])
 
     def log_artifact(self, local_path: Union[str, os.PathLike], artifact_path: Optional[str] = None) -> None:
         """Store the file ``local_path`` with the run (under ``artifact_path``), as Accelerate's.
@@ -364,6 +392,13 @@ class WandBTracker(GeneralTracker):
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
+
+    def identity(self) -> Optional[Dict[str, str]]:
+        return {"id": str(self.run.id)} if self.run is not None else None
+
+    def continue_run(self, identity: Dict[str, str]) -> None:
+        if identity.get("id") and "id" not in self.init_kwargs and "resume" not in self.init_kwargs:
+            self.init_kwargs.update(id=str(identity["id"]), resume="allow")  # steps go on in the same run
 
 
 TRACKERS: Dict[str, type] = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandBTracker}
@@ -529,9 +564,23 @@ def to_host(values: Mapping[str, Any], backend: Any) -> Dict[str, Any]:
     return {key: convert(value) for key, value in values.items()}
 
 
+@contextlib.contextmanager
+def _random_streams_untouched() -> Iterator[None]:
+    """Python's ``random`` and NumPy's global generator as they were before the body: trackers run
+    on the main process only, and MLflow's ``start_run`` draws from ``random`` (its run names), which
+    would move the main process's training randomness away from the other processes' and from the
+    same run without trackers."""
+    saved = capture_host_rng()
+    try:
+        yield
+    finally:
+        restore_host_rng(saved)
+
+
 class TrackerSet:
     """The trackers of one Accelerator: chosen and checked when it is created (before it joins
-    the group), started by ``init_trackers`` on the main process only, closed by ``end_training``."""
+    the group), started by ``init_trackers`` on the main process only, closed by ``end_training``.
+    No tracker call moves the script's random numbers (`_random_streams_untouched`)."""
 
     def __init__(self, log_with: Any, project_config: Any = None,
                  project_dir: Optional[Union[str, os.PathLike]] = None) -> None:
@@ -543,18 +592,30 @@ class TrackerSet:
         self.started = False
 
     def start(self, backend: Any, project_name: str, logging_dir: Optional[str], config: Optional[Dict[str, Any]],
-              init_kwargs: Optional[Dict[str, Dict[str, Any]]]) -> None:
+              init_kwargs: Optional[Dict[str, Dict[str, Any]]],
+              saved: Callable[[], Dict[str, Dict[str, str]]] = dict) -> None:
+        """Start the trackers on the main process; ``saved()`` gives the runs of the checkpoint a
+        resumed job will load, which built-in trackers continue (W&B run id, MLflow run id)."""
         if self.started:
             raise RuntimeError("init_trackers() was already called for this Accelerator; call it once per run."
                                + see("init-trackers-twice"))
         self.started = True
         if backend.process_index != 0:
             return
+        with _random_streams_untouched():
+            self._start(project_name, logging_dir, config, init_kwargs, saved)
+
+    def _start(self, project_name: str, logging_dir: Optional[str], config: Optional[Dict[str, Any]],
+               init_kwargs: Optional[Dict[str, Dict[str, Any]]], saved: Callable[[], Dict[str, Dict[str, str]]]) -> None:
         names = [t for t in self.requested if isinstance(t, str)]
         resolve_log_with(names, logging_dir)  # logging_dir may have changed since the Accelerator was made
         init_kwargs = init_kwargs or {}
+        runs = saved() if any(isinstance(item, str) for item in self.requested) else {}
         for item in self.requested:
             tracker = _build(item, project_name, logging_dir, init_kwargs.get(item, {})) if isinstance(item, str) else item
+            if isinstance(item, str) and item in runs and callable(getattr(tracker, "continue_run", None)):
+                tracker.continue_run(runs[item])
+                logger.info("%s: continuing the run of the checkpoint to resume (%s)", item, runs[item])
             if callable(getattr(tracker, "start", None)):
                 tracker.start()
             self.trackers.append(tracker)
@@ -567,8 +628,18 @@ class TrackerSet:
         if not self.trackers:  # off the main process, or before init_trackers
             return
         host = to_host(values, backend)
+        with _random_streams_untouched():
+            for tracker in self.trackers:
+                tracker.log(host, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def identities(self) -> Dict[str, Dict[str, str]]:
+        """name -> identity of the started trackers that have one (written into every checkpoint)."""
+        found = {}
         for tracker in self.trackers:
-            tracker.log(host, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+            identity = tracker.identity() if callable(getattr(tracker, "identity", None)) else None
+            if identity:
+                found[tracker.name] = dict(identity)
+        return found
 
     def get(self, name: str, unwrap: bool) -> Any:
         if not self.trackers:  # off the main process, or before init_trackers (as in Accelerate)
@@ -581,5 +652,6 @@ class TrackerSet:
 
     def finish(self) -> None:
         trackers, self.trackers = self.trackers, []
-        for tracker in trackers:
-            tracker.finish()
+        with _random_streams_untouched():
+            for tracker in trackers:
+                tracker.finish()

@@ -4,7 +4,8 @@ per iteration; prints ``RESULT {json}`` at the end (tests/test_restarts.py).
     python -m unified launch -n 2 --max-restarts N tests/scripts/restartable.py PROJECT_DIR MODE
 
 MODE: ``none``; ``kill-once`` (process 1 SIGKILLs itself after the save of step 3, on the first
-attempt only); ``crash-at-start`` (every attempt exits with 3 before its first step);
+attempt only; the W&B (offline) and MLflow trackers log every step and every attempt prints the
+runs it logs into: ``TRACKERS {json}``); ``crash-at-start`` (every attempt exits with 3 before its first step);
 ``preempt`` (process 0 gets SIGUSR1 after step 2, as from a scheduler: every process saves and
 exits as preempted, 75, through ``exit_if_preempted``).
 """
@@ -16,21 +17,27 @@ import signal
 import sys
 
 from unified import Accelerator, ProjectConfiguration
+from unified.tracking import available_trackers
 from unified.testing.kit import kit_of
 
 STEPS = 6
 
 
 def main(project_dir: str, mode: str) -> int:
+    trackers = [t for t in ("wandb", "mlflow") if t in available_trackers()] if mode == "kill-once" else None
     acc = Accelerator(project_config=ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=2),
-                      timeout=20, seed=7, handle_preemption=mode == "preempt")
+                      timeout=20, seed=7, handle_preemption=mode == "preempt", log_with=trackers)
     training = kit_of(acc.backend).training(acc)
+    acc.init_trackers("restartable")  # before load_state, as scripts do: the runs of the checkpoint are continued
+    if trackers and acc.is_main_process:
+        print("TRACKERS " + json.dumps({t: acc.get_tracker(t).identity() for t in trackers}), flush=True)
     resumed = acc.load_state(if_exists=True)
     if mode == "crash-at-start":
         raise SystemExit(3)
     first = training.counter.steps
     for step in range(first, STEPS):
         training.step()
+        acc.log({"step_done": step}, step=step)
         acc.save_state()
         if mode == "kill-once" and acc.restart_count == 0 and step == 3 and acc.process_index == 1:
             os.kill(os.getpid(), signal.SIGKILL)

@@ -253,3 +253,21 @@ def test_register_tracker_class_as_accelerate(monkeypatch):
                                                                           {"loss": 0.5})
     assert duck.logged == [(3, {"loss": 0.5}), "finished"]
 
+
+
+def test_trackers_never_move_the_scripts_random_numbers(tmp_path):
+    """They run on the main process only: MLflow's start_run draws from Python's random (its run
+    names), which moved the main process's training randomness away from the other processes'
+    (and a run with trackers away from the same run without; found by tests/test_restarts.py)."""
+    import random
+
+    if "mlflow" not in available_trackers():
+        pytest.skip("needs the tracking extra: pip install 'unified[tracking]'")
+    acc = Accelerator(backend="torch", log_with="mlflow", project_dir=str(tmp_path))
+    random.seed(5)
+    np.random.seed(5)
+    before = (random.getstate(), np.random.get_state()[1].copy())
+    acc.init_trackers("rng", config={"lr": 0.1})
+    acc.log({"loss": 1.0}, step=0)
+    acc.end_training()
+    assert random.getstate() == before[0] and (np.random.get_state()[1] == before[1]).all()

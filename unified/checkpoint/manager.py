@@ -248,6 +248,8 @@ class CheckpointManager:
         self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
         self._held_folder: Optional[str] = None
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
+        # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
+        self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
 
     def _is_sharded(self, value: Any) -> bool:
         return self.sharding is not None and self.sharding.is_sharded(value)
@@ -631,6 +633,9 @@ class CheckpointManager:
         }
         if hook_files or snap.skipped:
             body.update(hook_files=hook_files, hook_objects=list(snap.skipped))
+        trackers = self.tracker_identities()
+        if trackers:  # the experiment trackers' runs, which a resumed job continues (init_trackers)
+            body["trackers"] = trackers
         write_manifest(tmp, body)
         layout.fsync_tree(tmp)  # contents before the name: a power loss never leaves a torn checkpoint
         layout.commit(tmp, final, token)
@@ -648,6 +653,24 @@ class CheckpointManager:
             raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) "
                              "with project_dir." + see("load-needs-directory"))
         return local_folder(target, "load_state(input_dir)"), False
+
+    def saved_tracker_identities(self) -> Dict[str, Dict[str, str]]:
+        """The tracker runs (name -> identity) of the checkpoint that ``load_state()`` would load,
+        ``{}`` when there is none or it names none; never raises (a damaged manifest is reported by
+        ``load_state``, not here) and never a collective."""
+        try:
+            target, automatic = self.load_target(None)
+            if automatic:
+                found = layout.numbered_checkpoints(target)
+                if not found:
+                    return {}
+                target = found[-1][1]
+            if not os.path.isfile(os.path.join(target, "manifest.json")):
+                return {}
+            saved = read_manifest(target).get("trackers") or {}
+        except (ValueError, OSError, CheckpointError):
+            return {}
+        return {name: dict(identity) for name, identity in saved.items() if isinstance(identity, dict)}
 
     @staticmethod
     def has_checkpoint(folder: str, automatic: bool) -> bool:

@@ -58,7 +58,9 @@ _FIELD_TYPES = {"backend": (str, "a string"), "num_processes": (int, "an integer
                 "sharded": (dict, "a mapping of strings"),
                 # what save-state hooks wrote (`Accelerator.register_save_state_pre_hook`): their
                 # files, listed in 'files' too, and the models they saved instead of unified
-                "hook_files": (list, "a list of strings"), "hook_objects": (list, "a list of strings")}
+                "hook_files": (list, "a list of strings"), "hook_objects": (list, "a list of strings"),
+                # the experiment trackers' runs (name -> identity), continued by a resumed job
+                "trackers": (dict, "a mapping")}
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
