@@ -217,7 +217,10 @@ class _SamplerSource:
         """Process 0's initial seeds for the generators re-seeded each epoch: a sampler that seeded
         its own generator from torch's global one (torchdata's ``RandomSampler``) got another seed
         on each process unless the script seeded torch first."""
-        seeds = broadcast([initial for _, initial in self._generators])
+        self._use_seeds(broadcast([initial for _, initial in self._generators]))
+
+    def _use_seeds(self, seeds: Sequence[Any]) -> None:
+        """Draw the epochs from ``seeds`` (one per generator, in order) instead of the generators' own."""
         self._generators = [(generator, int(seed)) for (generator, _), seed in zip(self._generators, seeds)]
 
     def state(self) -> Optional[Any]:
@@ -230,7 +233,7 @@ class _SamplerSource:
         if not self.stateful:
             seeds = state.get("generator_seeds") if isinstance(state, dict) else None
             if seeds is not None and len(seeds) == len(self._generators):
-                self._generators = [(generator, int(seed)) for (generator, _), seed in zip(self._generators, seeds)]
+                self._use_seeds(seeds)
             return
         self.sampler.load_state_dict(_like(self.sampler.state_dict(), state))
 

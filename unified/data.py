@@ -395,9 +395,10 @@ class ShuffledOrder:
 
 
 class _IterableSkip:
-    """`skip_first_batches` over a stream without state: read and drop on the host."""
+    """`skip_first_batches` over a stream (`PreparedIterableLoader`, `unified.streams.PreparedStreamLoader`):
+    its ``_run(skip_to)`` takes the batches up to ``skip_to`` on the host, neither placed nor yielded."""
 
-    def __init__(self, loader: "PreparedIterableLoader", num_batches: int) -> None:
+    def __init__(self, loader: Any, num_batches: int) -> None:
         self.loader, self.num_batches = loader, num_batches
 
     def __iter__(self) -> Iterator[Any]:
@@ -440,9 +441,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         dataloader = dataloader._single
     from .streams import PreparedStreamLoader
 
-    if isinstance(dataloader, PreparedStreamLoader):
-        return dataloader.skipped_to(int(num_batches))
-    if isinstance(dataloader, PreparedIterableLoader):
+    if isinstance(dataloader, (PreparedIterableLoader, PreparedStreamLoader)):
         if dataloader.position >= num_batches:
             return dataloader  # already there (restored by load_state): never skip twice
         return _IterableSkip(dataloader, int(num_batches))

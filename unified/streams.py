@@ -102,7 +102,7 @@ class PreparedStreamLoader:
         self._exchange = exchange
 
     def _gather(self, value: Any, operation: str) -> List[Any]:
-        if self._exchange is None or self._backend.num_processes == 1:
+        if self._exchange is None:  # not prepared by an Accelerator: one process (`unified.DataLoader` alone)
             return [json.loads(json.dumps(value))]
         return self._exchange.all_gather_json(value, operation=operation)
 
@@ -140,7 +140,7 @@ class PreparedStreamLoader:
                         "so it has no batch to stand in for: give the stream at least as many shards (files) as "
                         "processes, or fewer processes." + see("stream-share-empty"))
                 self.position += 1
-                if self.position <= skip_to:  # skip_first_batches before any load_state: dropped on the host
+                if self.position <= skip_to:  # skip_first_batches before any load_state (unified.data._IterableSkip)
                     continue
                 target = max(full, max(counts))
                 placed = fill_up(last, rows or rows_of(last), target) if rows < target else batch
@@ -150,13 +150,6 @@ class PreparedStreamLoader:
                 yield self._backend.place_batch(placed)
         self._open = None
         self.epoch, self.position = self.epoch + 1, 0
-
-    def skipped_to(self, num_batches: int) -> Any:
-        """`unified.data.skip_first_batches`: after `load_state` the loader stands there already
-        (itself); before, the batches up to ``num_batches`` are read and dropped on the host."""
-        if self.position >= num_batches:
-            return self
-        return _Skipped(self, num_batches)
 
     def batch_layout(self) -> Optional[Any]:
         """See `unified.data.PreparedDataLoader.batch_layout`."""
@@ -198,17 +191,6 @@ class PreparedStreamLoader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._open = None
         self._pending = json.loads(state["processes"][self._backend.process_index]) if self.position > 0 else None
-
-
-class _Skipped:
-    """A stream loader from global batch ``num_batches`` of its epoch: the batches before are
-    taken (every process takes part in each step's exchange) but neither placed nor yielded."""
-
-    def __init__(self, loader: PreparedStreamLoader, num_batches: int) -> None:
-        self.loader, self.num_batches = loader, num_batches
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.loader._run(skip_to=self.num_batches)
 
 
 # -- Hugging Face datasets ----------------------------------------------------------------------------

@@ -150,11 +150,16 @@ def test_a_group_that_broke_never_exits_0(capfd):
     assert run_group([_worker(0, "pass\n"), _worker(1, "pass\n")], process_indices=[0, 1]) == 0
 
 
-def test_grace_period_must_not_be_negative(tmp_path):
+def _launch_refuses(tmp_path, flags, match):
+    """`unified launch FLAGS script` exits with a message matching ``match`` before starting anything."""
     script = tmp_path / "s.py"
     script.write_text("")
-    with pytest.raises(SystemExit, match="grace-period"):
-        launch_module.launch(launch_module.build_parser().parse_args(["--grace-period", "-1", str(script)]))
+    with pytest.raises(SystemExit, match=match):
+        launch_module.launch(launch_module.build_parser().parse_args([*flags, str(script)]))
+
+
+def test_grace_period_must_not_be_negative(tmp_path):
+    _launch_refuses(tmp_path, ["--grace-period", "-1"], "grace-period")
 
 
 def test_preemption_signals_are_named_by_argument_or_variable_and_uncatchable_ones_refused(monkeypatch):
@@ -183,10 +188,7 @@ def test_a_configured_signal_fires_the_trigger_and_the_default_ones_keep_their_a
 
 
 def test_the_launcher_refuses_an_unknown_preemption_signal(tmp_path):
-    script = tmp_path / "s.py"
-    script.write_text("")
-    with pytest.raises(SystemExit, match="--preemption-signals: Unknown preemption signal 'SIGWHAT'"):
-        launch_module.launch(launch_module.build_parser().parse_args(["--preemption-signals", "SIGWHAT", str(script)]))
+    _launch_refuses(tmp_path, ["--preemption-signals", "SIGWHAT"], "--preemption-signals: Unknown preemption signal 'SIGWHAT'")
 
 
 def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_path):
