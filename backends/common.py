@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import zlib
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -91,6 +91,8 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         if loader.batch_size is None:
             raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
                                       + see("torch-iterable-dataset"))
+        if loader.num_workers:  # each worker of each process reads its own part (`unified.streams.ReaderStream`)
+            return PreparedStreamLoader(_reader_stream(loader, backend, seed), backend, loader.drop_last)
         return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
     loader_seed = int(seed or 0)
 
@@ -118,9 +120,10 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
     # A torch DataLoader already yields CPU tensors: on a CPU run there is nothing to place.
     on_cpu = getattr(getattr(backend, "device", None), "type", None) == "cpu"
     options = dict(batches=batches, place=(lambda b: b) if on_cpu else None)
-    if loader.batch_size is not None and type(loader.batch_sampler) is BatchSampler:
+    shuffles, batchers = _plain_samplers(RandomSampler, BatchSampler)
+    if loader.batch_size is not None and type(loader.batch_sampler) in batchers:
         sampler = loader.sampler
-        plain_shuffle = type(sampler) is RandomSampler and draws_one_permutation(sampler)
+        plain_shuffle = type(sampler) in shuffles and draws_one_permutation(sampler)
         if plain_shuffle or type(sampler) is SequentialSampler:
             return PreparedDataLoader(_LoaderSettings(loader, plain_shuffle), backend, seed, **options)
         return SampledLoader(_LoaderSettings(loader, False), backend, seed, _SamplerSource(sampler, loader_seed, False),
@@ -134,6 +137,18 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         "prepare() supports torch DataLoaders that make batches (batch_size=, or a batch_sampler=); "
         "batch_size=None (one sample at a time) is not supported." + see("torch-custom-sampler")
     )
+
+
+def _plain_samplers(random_sampler: type, batch_sampler: type) -> Tuple[Tuple[type, ...], Tuple[type, ...]]:
+    """The sampler types of ``shuffle=True`` and the batch sampler types of ``batch_size=``, torch's
+    and torchdata's (``StatefulDataLoader`` makes its own): a loader built from them gets
+    unified's order of ``(seed, epoch)``, so a resume is index arithmetic, never a replay of the
+    sampler. Exact types: a subclass may draw another order."""
+    try:
+        from torchdata.stateful_dataloader import sampler as stateful
+    except ImportError:
+        return (random_sampler,), (batch_sampler,)
+    return (random_sampler, stateful.RandomSampler), (batch_sampler, stateful.BatchSampler)
 
 
 def _stateful_loader_maker(loader: Any) -> Optional[Any]:
@@ -158,6 +173,38 @@ def _stateful_loader_maker(loader: Any) -> Optional[Any]:
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
 
     return make
+
+
+# -- iterable datasets read by DataLoader workers: every worker of every process one reader ---------
+def _reader_stream(loader: Any, backend: Any, seed: Optional[int]) -> Any:
+    """The `unified.streams.ReaderStream` of a torch DataLoader with workers over an IterableDataset."""
+    import torch
+
+    from unified.streams import ReaderStream
+
+    from .torch_readers import AsGlobalReader, Readers, StatefulReaders
+
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+        stateful = True
+    except ImportError:  # a plain DataLoader: a resume reads the taken batches again
+        from torch.utils.data import DataLoader as Loader
+        stateful = False
+    dataset = loader.dataset
+    has_state = callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+    readers = (StatefulReaders if has_state else Readers)(dataset, loader.batch_size)
+    rank, world, base = backend.process_index, backend.num_processes, int(seed or 0)
+    as_reader = AsGlobalReader(rank, world, loader.worker_init_fn)
+
+    def make(epoch: int) -> Any:
+        # the workers' seeds from (seed, epoch, process), not from the training's global generator
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{base}/{epoch}/{rank}".encode()))
+        return Loader(readers, batch_size=loader.batch_size, num_workers=loader.num_workers,
+                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=as_reader,
+                      multiprocessing_context=loader.multiprocessing_context, prefetch_factor=loader.prefetch_factor,
+                      generator=generator)
+
+    return ReaderStream(dataset, loader.batch_size, make, stateful)
 
 
 class _LoaderSettings:

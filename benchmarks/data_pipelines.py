@@ -2,7 +2,7 @@
 
 Run from the repository root (needs `pip install -e '.[torch,data,torchdata,bench]'`):
 
-    python benchmarks/data_pipelines.py [--rounds 5] [--position 100000] [--batches 1500]
+    python benchmarks/data_pipelines.py [--rounds 5] [--position 100000] [--batches 1500] [--parts reads,resume,cost]
 
 Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of them):
 
@@ -10,8 +10,11 @@ Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of t
    items, for P = 2 and 3, counted by the generator itself (every item it yields): ours (the
    share `prepare` makes each process read: `unified.streams.HuggingFaceStream`), Accelerate 1.15
    (``accelerate.data_loader.prepare_data_loader(loader, num_processes=P, process_index=r)``), the
-   library alone (``split_dataset_by_node``, the limit), and ours over a stream that is not a
-   ``datasets`` one (any iterable without shards: still read whole by every process).
+   library alone (``split_dataset_by_node``, the limit); then a torch ``IterableDataset`` of the
+   same 12 shards in a ``DataLoader`` with 2 workers (counted in a counter the workers share):
+   ours and Accelerate's when it splits its shards by ``get_worker_info()``, ours when it does
+   not; and ours over a stream that is not a ``datasets`` one without workers (read whole by
+   every process, as Accelerate does).
 2. Resume at position ``--position`` (time from a fresh loader to its first batch, one process,
    ``--rounds`` rounds, min / median / max): for a torchdata ``StatefulDataLoader(shuffle=True)``
    over map-style data, a ``datasets`` stream and a Grain ``DataLoader``: ours (a fresh
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import os
 import resource
 import statistics
@@ -48,6 +52,7 @@ from mdtable import spread, table  # noqa: E402
 warnings.filterwarnings("ignore")
 SHARDS, PER_SHARD = 12, 2000
 READS = {"n": 0}
+WORKER_READS = multiprocessing.Value("q", 0)  # items read by DataLoader workers (forked: they share it)
 
 
 def generate(shards: List[int]):
@@ -73,22 +78,56 @@ def reads_per_process() -> str:
     from unified.data import PreparedIterableLoader, default_collate
     from unified.streams import HuggingFaceStream
 
+    from backends.common import _reader_stream
+
     class Plain:
         """A stream with no shards nor state (any iterable): every process reads it whole."""
 
         def __iter__(self):
             return generate(list(range(SHARDS)))
 
+    class ByWorker(torch.utils.data.IterableDataset):
+        """A torch IterableDataset that splits its shards by get_worker_info() (torch's idiom);
+        counts its reads in a counter its worker processes share."""
+
+        def __init__(self, split: bool = True) -> None:
+            self.split = split
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info() if self.split else None
+            mine = [s for s in range(SHARDS) if info is None or s % info.num_workers == info.id]
+            for item in generate(mine):
+                with WORKER_READS.get_lock():
+                    WORKER_READS.value += 1
+                yield item
+
+    def worker_reads(iterable) -> int:
+        WORKER_READS.value = 0
+        for _ in iterable:
+            pass
+        return WORKER_READS.value
+
     rows = []
     for world in (2, 3):
-        counts: Dict[str, List[int]] = {"ours": [], "accelerate": [], "library": [], "ours, a stream without shards": []}
+        counts: Dict[str, List[int]] = {"ours": [], "accelerate": [], "library": [],
+                                        "ours, torch IterableDataset split by worker, 2 workers": [],
+                                        "accelerate, the same": [],
+                                        "ours, torch IterableDataset that does not split, 2 workers": [],
+                                        "ours, a stream without shards, no workers": []}
         for rank in range(world):
             READS["n"] = 0
             placement = types.SimpleNamespace(process_index=rank, num_processes=world, uneven_batches=True,
                                               place_batch=lambda batch: batch)
             for _ in PreparedIterableLoader(unified.DataLoader(Plain(), batch_size=32), placement, 0):
                 pass
-            counts["ours, a stream without shards"].append(READS["n"])
+            counts["ours, a stream without shards, no workers"].append(READS["n"])
+            for split, name in ((True, "ours, torch IterableDataset split by worker, 2 workers"),
+                                (False, "ours, torch IterableDataset that does not split, 2 workers")):
+                loader = torch.utils.data.DataLoader(ByWorker(split), batch_size=32, num_workers=2)
+                counts[name].append(worker_reads(_reader_stream(loader, placement, 0).open(0, None)))
+            peer = prepare_data_loader(torch.utils.data.DataLoader(ByWorker(), batch_size=32, num_workers=2), None,
+                                       num_processes=world, process_index=rank, put_on_device=False)
+            counts["accelerate, the same"].append(worker_reads(peer))
             READS["n"] = 0
             for _ in HuggingFaceStream(hf_stream(), rank, world, 32, default_collate).open(0, None):
                 pass
@@ -262,14 +301,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--position", type=int, default=100_000)
     parser.add_argument("--batches", type=int, default=1500)
+    parser.add_argument("--parts", default="reads,resume,cost", help="which tables, comma-separated")
     args = parser.parse_args()
-    print("## Items read per process\n")
-    print(reads_per_process())
-    with tempfile.TemporaryDirectory() as folder:
-        print(f"\n## Resume at position {args.position:,}\n")
-        print(resume_times(args.position, args.rounds, folder))
-    print(f"\n## Per-batch cost, {args.batches} batches\n")
-    print(per_batch_cost(args.batches, args.rounds))
+    parts = set(args.parts.split(","))
+    if "reads" in parts:
+        print("## Items read per process\n")
+        print(reads_per_process())
+    if "resume" in parts:
+        with tempfile.TemporaryDirectory() as folder:
+            print(f"\n## Resume at position {args.position:,}\n")
+            print(resume_times(args.position, args.rounds, folder))
+    if "cost" in parts:
+        print(f"\n## Per-batch cost, {args.batches} batches\n")
+        print(per_batch_cost(args.batches, args.rounds))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ parser.add_argument("--max-steps", type=int, default=100)
 parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
 parser.add_argument("--lr", type=float, default=3e-3)
 parser.add_argument("--save-every", type=int, default=0, help="save_state() every N steps (0: never)")
-parser.add_argument("--resume", action="store_true", help="load the newest checkpoint and continue")
-parser.add_argument("--crash-at-step", type=int, default=None, help="SIGKILL one process at this step")
+parser.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint if there is one, else start fresh")
+parser.add_argument("--crash-at-step", type=int, default=None,
+                    help="SIGKILL one process at this step, in the launcher's first attempt only")
 parser.add_argument("--target-loss", type=float, default=0.0, help="stop early below this loss (0: off)")
 parser.add_argument("--log-with", action="append", default=None, metavar="TRACKER",
                     help="tensorboard, mlflow, wandb or all (repeatable); files under project_dir "
@@ -145,14 +147,15 @@ def jax_setup():
 model, train_step = {"torch": torch_setup, "jax": jax_setup}[accelerator.backend]()
 
 if args.resume:
-    path = accelerator.load_state()  # the newest checkpoint under project_dir/checkpoints
-    accelerator.print(f"resumed from {path} at step {counter.step}")
+    path = accelerator.load_state(if_exists=True)  # the newest checkpoint under project_dir/checkpoints, if any
+    if path is not None:
+        accelerator.print(f"resumed from {path} at step {counter.step} (attempt {accelerator.restart_count})")
 
 crash_rank = 1 if world > 1 else 0
 loss = float("nan")
 bar = tqdm(total=args.max_steps, initial=counter.step)  # main process only; sparse lines in a log
 while counter.step < args.max_steps:
-    if counter.step == args.crash_at_step and rank == crash_rank:
+    if counter.step == args.crash_at_step and rank == crash_rank and accelerator.restart_count == 0:
         print(f"[process {rank}] simulated crash: SIGKILL at step {counter.step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     local = train_step(local_rows(counter.step))

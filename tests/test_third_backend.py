@@ -1,7 +1,8 @@
 """A third backend from outside: `tests/plugin/unified_numpy_backend` (NumPy arrays, its control plane
 over a TCP key-value store) is registered only through the ``unified.backends`` entry-point group
 of its ``.dist-info`` folder, and passes every scenario of the shipped conformance suite
-(`unified.testing`) that its capabilities allow, on 2 and 3 processes, with no edit under ``unified/``."""
+(`unified.testing`) that its capabilities allow, with no edit under ``unified/`` (here in groups of 2
+processes where the suite has 2 and 3, for CI's time; `.ci/certify-from-wheel` runs all of it)."""
 from __future__ import annotations
 
 import os
@@ -44,10 +45,11 @@ def test_a_backend_from_outside_passes_the_shipped_conformance_suite(tmp_path):
     capability it lacks."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(
-        # (the crash-during-save trials, 45 s, check shared commit code that torch and JAX cover here too;
+        # (the crash-during-save trials, 45 s, check shared commit code that torch and JAX cover here too,
+        # and the groups of 3 processes run here for torch and JAX, 70 s: CI's 30 minutes;
         # .ci/certify-from-wheel runs everything, from a wheel)
         [sys.executable, "-m", "pytest", "--pyargs", "unified.testing", "--unified-backend", "numpy", "-q", "-rs",
-         "-p", "no:cacheprovider", "-k", "not crash_during_save"],
+         "-p", "no:cacheprovider", "-k", "not crash_during_save and not 3-processes"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]

@@ -28,8 +28,8 @@ import numpy as np
 from .errors import see
 from .tree import flatten
 
-__all__ = ["ProcessStream", "PreparedStreamLoader", "HuggingFaceStream", "GrainLoaderStream", "GrainDatasetStream",
-           "stream_for", "is_hf_iterable"]
+__all__ = ["ProcessStream", "PreparedStreamLoader", "HuggingFaceStream", "ReaderStream", "GrainLoaderStream",
+           "GrainDatasetStream", "stream_for", "is_hf_iterable", "own_blocks"]
 
 
 class ProcessStream(Protocol):
@@ -273,6 +273,69 @@ def _has_shuffle_buffer(dataset: Any) -> bool:
             return True
         node, seen = getattr(node, "ex_iterable", None), seen + 1
     return False
+
+
+# -- any iterable dataset read by DataLoader workers ------------------------------------------------
+class ReaderStream:
+    """This process's share of an iterable dataset read by DataLoader workers: each of the ``W``
+    workers of process ``r`` is reader ``r*W + w`` of ``P*W``; a dataset that splits its reading by
+    its worker info reads only that reader's part, any other is split by `own_blocks` (the
+    process's first worker reads it whole and keeps the process's blocks). ``make_loader(epoch)``
+    is the batching loader of this process (torchdata's ``StatefulDataLoader`` when installed:
+    its ``state_dict``, workers included, is the position; else a torch ``DataLoader``, whose
+    position is the batches taken, read again and dropped on a resume).
+
+    Example:
+        >>> stream = ReaderStream(dataset, 8, make_loader, stateful=True)
+        >>> batches = stream.open(epoch=0, state=None)
+    """
+
+    even = False
+
+    def __init__(self, dataset: Any, batch_size: int, make_loader: Callable[[int], Any], stateful: bool) -> None:
+        self.dataset, self.batch_size = dataset, int(batch_size)
+        self.described = f"a {type(dataset).__name__} (iterable) in a DataLoader with workers"
+        self._make, self._stateful = make_loader, stateful
+        self._loader: Any = None
+        self._taken = 0  # batches read in this epoch (a plain DataLoader's position), replayed ones included
+
+    def open(self, epoch: int, state: Optional[Any]) -> Iterator[Any]:
+        if callable(getattr(self.dataset, "set_epoch", None)):
+            self.dataset.set_epoch(epoch)
+        self._loader, self._taken, skip = self._make(epoch), 0, 0
+        if state is not None:
+            if self._stateful:
+                self._loader.load_state_dict(state["loader"])
+            else:
+                skip = int(state["batches"])
+        return self._counted(iter(self._loader), skip)
+
+    def _counted(self, batches: Iterator[Any], skip: int) -> Iterator[Any]:
+        for batch in batches:
+            self._taken += 1
+            if self._taken > skip:  # the first `skip` are read again and dropped, never placed
+                yield batch
+
+    def state(self) -> Any:
+        if self._stateful:
+            return {"loader": self._loader.state_dict()}
+        return {"batches": self._taken}
+
+
+def own_blocks(items: Iterator[Any], reader: int, readers: int, block: int, read: List[int]) -> Iterator[Any]:
+    """The items of reader ``reader`` of ``readers`` in a stream that every reader reads whole:
+    every ``readers``-th block of ``block`` items, starting with block ``reader``. ``read[0]``
+    counts the items read so far (it starts where a resumed reader stood), so that a reader's
+    state can say where it is.
+
+    Example:
+        >>> list(own_blocks(iter(range(8)), 1, 2, 2, [0]))
+        [2, 3, 6, 7]
+    """
+    for item in items:
+        index, read[0] = read[0], read[0] + 1
+        if (index // block) % readers == reader:
+            yield item
 
 
 # -- Grain ------------------------------------------------------------------------------------------

@@ -13,6 +13,9 @@ far from the cause. `check()` probes all of them; tests/unit/test_private_apis.p
 - ``LRScheduler._step_count``: how often a scheduler stepped (``OneCycleLR`` refuses steps past
   its end, and Accelerate's stepping rule can ask for more).
 - ``OptimizedModule._orig_mod``: the module that ``torch.compile`` wrapped.
+- ``torch.utils.data._utils.worker._worker_info``: where ``get_worker_info()`` reads a DataLoader
+  worker's identity, which `backends.torch_readers` sets so that every worker of every process is
+  one reader of an iterable dataset.
 """
 from __future__ import annotations
 
@@ -59,6 +62,9 @@ def check() -> List[Tuple[str, str]]:
     machinery takes seconds). Returns the (name, purpose) rows."""
     tensor_version(torch.zeros(1))
     draws_one_permutation(torch.utils.data.RandomSampler(range(3)))
+    from backends.torch_readers import worker_info_slot
+
+    worker_info_slot()
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     scheduler_step_count(torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=2))
     return [
@@ -66,4 +72,5 @@ def check() -> List[Tuple[str, str]]:
         ("RandomSampler._num_samples", "a shuffled loader's order, reproducible at any process count"),
         ("LRScheduler._step_count", "no scheduler step past OneCycleLR's end"),
         ("OptimizedModule._orig_mod", "unwrap_model of a torch.compile'd model"),
+        ("torch.utils.data._utils.worker._worker_info", "every DataLoader worker of every process one reader of a stream"),
     ]

@@ -215,3 +215,37 @@ def test_a_sampler_that_seeded_itself_uses_process_0s_seed_and_keeps_it_in_the_s
                                seed=0, batches=False)
     restarted.load({"generator_seeds": [7]})
     assert restarted.draw(1).tolist() == reference.draw(1).tolist()
+
+
+def test_own_blocks_gives_each_reader_every_readers_th_block_and_counts_what_it_read():
+    from unified.streams import own_blocks
+
+    read = [0]
+    assert list(own_blocks(iter(range(10)), 1, 3, 2, read)) == [2, 3, 8, 9] and read == [10]
+    resumed = [4]  # a reader that stood after 4 items: item 4 is the start of block 2
+    assert list(own_blocks(iter(range(4, 10)), 2, 3, 2, resumed)) == [4, 5]
+
+
+def test_a_torch_iterable_dataset_with_workers_resumes_by_replay_without_torchdata():
+    """Without torchdata the position is the count of batches taken: a resume reads them again
+    and drops them (the loader is a plain torch DataLoader of the user's workers)."""
+    torch = pytest.importorskip("torch")
+    from backends.torch_readers import AsGlobalReader, Readers
+    from unified.streams import ReaderStream
+
+    class Whole(torch.utils.data.IterableDataset):  # does not look at its worker info
+        def __iter__(self):
+            return iter({"x": np.array([i])} for i in range(20))
+
+    def make(epoch):
+        return torch.utils.data.DataLoader(Readers(Whole(), 2), batch_size=2, num_workers=2,
+                                           worker_init_fn=AsGlobalReader(1, 2, None))
+
+    stream = ReaderStream(Whole(), 2, make, stateful=False)
+    batches = stream.open(0, None)
+    first = [next(batches)["x"].ravel().tolist() for _ in range(2)]
+    state = json.loads(json.dumps(stream.state()))
+    rest = [b["x"].ravel().tolist() for b in batches]
+    assert first + rest == [[2, 3], [6, 7], [10, 11], [14, 15], [18, 19]]  # process 1 of 2: blocks 1, 3, 5...
+    assert state == {"batches": 2}
+    assert [b["x"].ravel().tolist() for b in ReaderStream(Whole(), 2, make, stateful=False).open(0, state)] == rest

@@ -139,3 +139,73 @@ def pipeline_grain(state: dict) -> dict:
                                             operations=[grain.transforms.Batch(batch_size=2)], worker_count=0))
 
     return _exercise(make, _shared(f"grain_{state['acc'].num_processes}"))
+
+
+TORCH_STREAM = 24  # items of the torch IterableDatasets below
+
+
+def _torch_streams(log: str) -> Dict[str, Any]:
+    """Two torch IterableDatasets of TORCH_STREAM ids that log every item they read to ``log``:
+    one splits its reading by ``get_worker_info()`` (torch's idiom) and keeps its position
+    (torchdata's protocol), the other reads the whole stream wherever it runs."""
+    import torch
+
+    def note(i: int) -> None:
+        with open(log, "a") as f:
+            f.write(f"{i}\n")
+
+    class SplitByWorker(torch.utils.data.IterableDataset):
+        def __init__(self) -> None:
+            self.next = None  # this worker's next id
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+            i = first if self.next is None else self.next
+            while i < TORCH_STREAM:
+                self.next = i + step
+                note(i)
+                yield {"x": np.array([i], dtype=np.int64)}
+                i = self.next
+            self.next = None
+
+        def state_dict(self) -> dict:
+            return {"next": self.next}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.next = state["next"]
+
+    class Whole(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(TORCH_STREAM):
+                note(i)
+                yield {"x": np.array([i], dtype=np.int64)}
+
+    return {"split": SplitByWorker(), "whole": Whole()}
+
+
+@scenario(requires=("ForeignLoaders",))
+def pipeline_torch_stream(state: dict) -> dict:
+    """A torch IterableDataset in a torch DataLoader with 2 workers: every worker of every
+    process is one reader; the one that splits by worker info reads only its part, the other is
+    read whole by every reader, which keeps its own blocks."""
+    missing = _missing("torchdata")
+    if missing:
+        return missing
+    import torch
+
+    size = state["acc"].num_processes
+    out: Dict[str, Any] = {}
+    for kind in ("split", "whole"):
+        logs = []
+
+        def make(acc: Accelerator) -> Any:
+            log = _shared(f"torch_{kind}_{size}_{len(logs)}_{acc.process_index}.log")
+            logs.append(log)
+            dataset = _torch_streams(log)[kind]
+            return acc.prepare(torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2))
+
+        result = _exercise(make, _shared(f"torch_{kind}_{size}"))
+        result["reads"] = len(open(logs[0]).read().split()) if os.path.exists(logs[0]) else 0  # the first epoch
+        out[kind] = result
+    return out

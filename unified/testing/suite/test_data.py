@@ -11,12 +11,13 @@ from unified.tracking import available_trackers
 
 from ..harness import run_group
 from ..tracker_files import READER_MODULES, READERS
-from ..pipeline_scenarios import HF_SHARDS, hf_total, pipeline_grain, pipeline_hf_stream, pipeline_torchdata
+from ..pipeline_scenarios import (HF_SHARDS, TORCH_STREAM, hf_total, pipeline_grain, pipeline_hf_stream, pipeline_torch_stream,
+                                  pipeline_torchdata)
 from ..scenarios import TRACKED_STEPS, data_epochs, data_iterable, data_load_other_count, data_resume, data_save_for_other_count, data_skip, data_torch_workers, start, tracking
 
 pytestmark = pytest.mark.multiprocess
 SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable,
-             pipeline_torchdata, pipeline_hf_stream, pipeline_grain, tracking]
+             pipeline_torchdata, pipeline_hf_stream, pipeline_grain, pipeline_torch_stream, tracking]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
@@ -128,6 +129,24 @@ def test_library_pipelines_give_each_process_its_share_and_resume_exactly(group,
         assert sorted(r["metrics"]) == list(range(samples))  # gather_for_metrics: every sample once
         assert len(r["first"]) == 2 and r["rest"]
         assert r["resumed"] == r["rest"]  # a fresh Accelerator continues at the next batch of every process
+
+
+@pytest.mark.parametrize("kind", ["split", "whole"])
+def test_a_torch_iterable_dataset_with_workers_gives_each_process_its_share_and_resumes_exactly(group, kind):
+    """Every DataLoader worker of every process is one reader: a dataset that splits by its worker
+    info reads 1/P of the stream per process; one that does not is read whole once per process,
+    which keeps its own blocks. Either way the shares are disjoint and resume exactly."""
+    rows = _pipeline(group, pipeline_torch_stream)
+    results = [r[kind] for r in rows]
+    shares = [{x for batch in r["epoch"] for x in batch} for r in results]
+    assert sum(len(s) for s in shares) == len(set().union(*shares)) == TORCH_STREAM
+    for r in results:
+        assert sorted(r["metrics"]) == list(range(TORCH_STREAM))
+        assert len(r["first"]) == 2 and r["rest"] and r["resumed"] == r["rest"]
+    reads = [r["reads"] for r in results]
+    # whole: worker 0 of each process reads it all, worker 1 one item (to see that it does not split)
+    expected = TORCH_STREAM // group.size if kind == "split" else TORCH_STREAM + 1
+    assert reads == [expected] * group.size
 
 
 def test_a_datasets_stream_is_read_one_share_per_process(group):
