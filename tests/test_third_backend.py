@@ -45,17 +45,17 @@ def test_a_backend_from_outside_passes_the_shipped_conformance_suite(tmp_path):
     capability it lacks."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PLUGIN), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(
-        # (the crash-during-save trials, 45 s, check shared commit code that torch and JAX cover here too,
-        # and the groups of 3 processes run here for torch and JAX, 70 s: CI's 30 minutes;
+        # (for CI's 30 minutes, the parts that test shared code which torch and JAX cover here too: the
+        # crash-during-save trials, the groups of 3 processes, the preemption chain and the resizes;
         # .ci/certify-from-wheel runs everything, from a wheel)
         [sys.executable, "-m", "pytest", "--pyargs", "unified.testing", "--unified-backend", "numpy", "-q", "-rs",
-         "-p", "no:cacheprovider", "-k", "not crash_during_save and not 3-processes"],
+         "-p", "no:cacheprovider", "-k", "not crash_during_save and not 3-processes and not preempt and not resize"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     summary = run.stdout.splitlines()[-1]
     passed = int(re.search(r"(\d+) passed", summary).group(1))
-    assert passed >= 40 and "failed" not in summary and "error" not in summary, run.stdout[-3000:]
+    assert passed >= 30 and "failed" not in summary and "error" not in summary, run.stdout[-3000:]
     skipped = [line for line in run.stdout.splitlines() if line.startswith("SKIPPED")]
     # every skip names what the backend lacks: a capability, or a part of its testing kit
     assert skipped and all("lacks" in line or "testing kit" in line for line in skipped), "\n".join(skipped)
