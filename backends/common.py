@@ -151,45 +151,51 @@ def _plain_samplers(random_sampler: type, batch_sampler: type) -> Tuple[Tuple[ty
     return (random_sampler, stateful.RandomSampler), (batch_sampler, stateful.BatchSampler)
 
 
-def _stateful_loader_maker(loader: Any) -> Optional[Any]:
-    """``part -> StatefulDataLoader`` with ``loader``'s workers and collation, whose ``state_dict``
-    holds every worker's position in its shards; ``None`` (batch in the process) when the loader
-    has no workers and torchdata is not installed."""
+def _stateful_loader_class() -> Optional[Any]:
+    """torchdata's ``StatefulDataLoader``, whose ``state_dict`` holds every worker's position;
+    ``None`` when torchdata is not installed."""
     try:
         from torchdata.stateful_dataloader import StatefulDataLoader
     except ImportError:
+        return None
+    return StatefulDataLoader
+
+
+def _loader_like(loader_class: Any, loader: Any, dataset: Any, **overrides: Any) -> Any:
+    """A ``loader_class`` over ``dataset`` with ``loader``'s batching, workers and collation."""
+    settings = dict(batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                    pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
+                    multiprocessing_context=loader.multiprocessing_context,
+                    prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
+    return loader_class(dataset, **{**settings, **overrides})
+
+
+def _stateful_loader_maker(loader: Any) -> Optional[Any]:
+    """``part -> StatefulDataLoader`` like ``loader``; ``None`` (batch in the process) when the
+    loader has no workers and torchdata is not installed."""
+    loader_class = _stateful_loader_class()
+    if loader_class is None:
         if loader.num_workers:
             raise ImportError(
                 "prepare() of a DataLoader with workers over a datasets.IterableDataset checkpoints the workers' "
                 "positions through torchdata's StatefulDataLoader: pip install 'unified[torchdata]', or "
-                "use num_workers=0." + see("stream-needs-torchdata")) from None
+                "use num_workers=0." + see("stream-needs-torchdata"))
         return None
-
-    def make(part: Any) -> Any:
-        return StatefulDataLoader(
-            part, batch_size=loader.batch_size, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None)
-
-    return make
+    return lambda part: _loader_like(loader_class, loader, part)
 
 
 # -- iterable datasets read by DataLoader workers: every worker of every process one reader ---------
 def _reader_stream(loader: Any, backend: Any, seed: Optional[int]) -> Any:
-    """The `unified.streams.ReaderStream` of a torch DataLoader with workers over an IterableDataset."""
+    """The `unified.streams.ReaderStream` of a torch DataLoader with workers over an IterableDataset.
+    Without torchdata the loader is torch's own, and a resume reads the taken batches again."""
     import torch
 
     from unified.streams import ReaderStream
 
     from .torch_readers import AsGlobalReader, Readers, StatefulReaders
 
-    try:
-        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
-        stateful = True
-    except ImportError:  # a plain DataLoader: a resume reads the taken batches again
-        from torch.utils.data import DataLoader as Loader
-        stateful = False
+    loader_class = _stateful_loader_class()
+    stateful = loader_class is not None
     dataset = loader.dataset
     has_state = callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
     readers = (StatefulReaders if has_state else Readers)(dataset, loader.batch_size)
@@ -199,10 +205,8 @@ def _reader_stream(loader: Any, backend: Any, seed: Optional[int]) -> Any:
     def make(epoch: int) -> Any:
         # the workers' seeds from (seed, epoch, process), not from the training's global generator
         generator = torch.Generator().manual_seed(zlib.crc32(f"{base}/{epoch}/{rank}".encode()))
-        return Loader(readers, batch_size=loader.batch_size, num_workers=loader.num_workers,
-                      collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=as_reader,
-                      multiprocessing_context=loader.multiprocessing_context, prefetch_factor=loader.prefetch_factor,
-                      generator=generator)
+        return _loader_like(loader_class or torch.utils.data.DataLoader, loader, readers, worker_init_fn=as_reader,
+                            generator=generator)
 
     return ReaderStream(dataset, loader.batch_size, make, stateful)
 

@@ -385,6 +385,7 @@ class GrainLoaderStream:
                 f"the Grain DataLoader is sharded {count} ways, but the group has {world} processes: build it without "
                 "shard options (prepare() shards it) or with grain.sharding.ShardByJaxProcess() on the JAX backend."
                 + see("grain-shards"))
+        _check_grain_workers_can_start(loader)
         self.loader, self.batch_size, self.described = loader, _grain_batch_size(loader), "a Grain DataLoader"
         self._iterator: Any = None
 
@@ -396,6 +397,20 @@ class GrainLoaderStream:
 
     def state(self) -> Any:
         return self._iterator.get_state().decode()
+
+
+def _check_grain_workers_can_start(loader: Any) -> None:
+    """Grain's workers read absl flags, which a script outside ``absl.app.run`` never parsed:
+    Grain stops at the first batch; say it at ``prepare``, with the one-line fix."""
+    if not _grain_part(loader, "_multiprocessing_options").num_workers:
+        return
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        raise RuntimeError(
+            "this Grain DataLoader has worker_count > 0, and Grain's workers read absl flags, which were never parsed: "
+            "run the script under absl.app.run(main), or call absl.flags.FLAGS.mark_as_parsed() before prepare(); "
+            "workers also need the script's code under `if __name__ == \"__main__\":`." + see("grain-flags"))
 
 
 def _grain_batch_size(loader: Any) -> Optional[int]:

@@ -170,12 +170,12 @@ def test_a_shuffle_buffer_is_named_at_prepare_because_the_library_does_not_save_
     assert len(caught) == 1 and "hf-shuffle-buffer" in str(caught[0].message)
 
 
-def _grain_loader(records: int, shard_options=None):
+def _grain_loader(records: int, shard_options=None, workers: int = 0):
     grain = pytest.importorskip("grain")
     sampler = grain.samplers.IndexSampler(num_records=records, shuffle=True, num_epochs=1, seed=3)
     extra = {} if shard_options is None else {"shard_options": shard_options}
     return grain.DataLoader(data_source=np.arange(records), sampler=sampler,
-                            operations=[grain.transforms.Batch(batch_size=2)], worker_count=0, **extra)
+                            operations=[grain.transforms.Batch(batch_size=2)], worker_count=workers, **extra)
 
 
 def test_a_grain_loader_handed_whole_is_sharded_evenly_and_resumes_from_its_iterator_state():
@@ -192,6 +192,19 @@ def test_a_grain_loader_handed_whole_is_sharded_evenly_and_resumes_from_its_iter
     state = stream.state()
     rest = [b.tolist() for b in batches]
     assert [b.tolist() for b in GrainLoaderStream(_grain_loader(31), 1, 3).open(0, state)] == rest
+
+
+def test_a_grain_loader_with_workers_and_unparsed_absl_flags_is_refused_at_prepare(monkeypatch):
+    """Grain itself fails only at the first batch (UnparsedFlagAccessError); prepare says the fix."""
+    _grain_loader(4)  # skips without grain
+    from absl import flags
+
+    monkeypatch.setattr(type(flags.FLAGS), "is_parsed", lambda self: False)
+    with pytest.raises(RuntimeError, match="mark_as_parsed"):
+        GrainLoaderStream(_grain_loader(8, workers=2), 0, 2)
+    GrainLoaderStream(_grain_loader(8, workers=0), 0, 2)  # no workers: no flags read
+    monkeypatch.setattr(type(flags.FLAGS), "is_parsed", lambda self: True)
+    assert GrainLoaderStream(_grain_loader(8, workers=2), 0, 2).even
 
 
 def test_a_grain_loader_sharded_for_another_group_size_is_refused():

@@ -126,17 +126,20 @@ def pipeline_hf_stream(state: dict) -> dict:
 
 @scenario
 def pipeline_grain(state: dict) -> dict:
-    """A Grain DataLoader handed whole (no shard options; shuffled): prepare gives each process
-    its own records."""
+    """A Grain DataLoader handed whole (no shard options; shuffled; 2 workers): prepare gives
+    each process its own records; the position holds every worker's."""
     missing = _missing("grain")
     if missing:
         return missing
     import grain
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # Grain's workers read absl flags; a script runs under absl.app.run or does this
 
     def make(acc: Accelerator) -> Any:
         sampler = grain.samplers.IndexSampler(num_records=30, shuffle=True, num_epochs=1, seed=3)
         return acc.prepare(grain.DataLoader(data_source=np.arange(30), sampler=sampler,
-                                            operations=[grain.transforms.Batch(batch_size=2)], worker_count=0))
+                                            operations=[grain.transforms.Batch(batch_size=2)], worker_count=2))
 
     return _exercise(make, _shared(f"grain_{state['acc'].num_processes}"))
 
