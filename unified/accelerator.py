@@ -14,6 +14,7 @@ from .config import DataLoaderConfiguration, DistributedType, ProjectConfigurati
 from .environment import restart_count
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
+from .checkpoint.store import is_url
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see
@@ -581,6 +582,10 @@ class Accelerator(AccelerateSurface):
         final = manager.resolve_save_dir(output_dir)
         if async_save is None:
             async_save = self.project_configuration.async_save
+        if is_url(final) and (async_save or self._save_state_pre_hooks):
+            raise ValueError(f"save_state({final!r}): {'async_save' if async_save else 'save-state hooks'} with an "
+                             "object store is not supported in this version (a synchronous save without hooks is); "
+                             "nothing was written." + see("object-storage-limits"))
         iteration = self.project_configuration.iteration
         if self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration += 1

@@ -57,9 +57,9 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def local_folder(path: Any, what: str) -> str:
-    """``path`` as a string, refused when it is a URL (``s3://bucket/run``): the checkpoints of
-    this version go to a folder of the file system, and ``os`` functions would otherwise make a
-    local folder named ``s3:`` and write there without a word.
+    """``path`` as a string, refused when it is a URL (``s3://bucket/run``) for a call that writes
+    to a folder (`Accelerator.save_model`): ``os`` functions would otherwise make a local folder
+    named ``s3:`` and write there without a word.
 
     Example:
         >>> local_folder("runs/exp1", "project_dir")
@@ -68,10 +68,21 @@ def local_folder(path: Any, what: str) -> str:
     path = os.fspath(path)
     if isinstance(path, str) and _URL.match(path):
         raise ValueError(
-            f"{what}={path!r} is an object-storage URL; this version of unified writes checkpoints to a folder of the "
-            "file system (on several machines, one they all mount). Mount the bucket (e.g. mountpoint-s3, s3fs, "
-            "gcsfuse) and pass its local path." + see("object-storage-url"))
+            f"{what}={path!r} is an object-storage URL; this call writes to a folder of the file system (save_state "
+            "and load_state take URLs). Write to a local folder and upload it, or mount the bucket (e.g. "
+            "mountpoint-s3, gcsfuse) and pass its local path." + see("object-storage-url"))
     return path
+
+
+def checkpoint_location(path: Any) -> str:
+    """``path`` as a string: a folder, or an object store's URL (``s3://bucket/run``, any fsspec
+    protocol; see docs/object-storage.md), where checkpoints may live.
+
+    Example:
+        >>> checkpoint_location("s3://bucket/run")
+        's3://bucket/run'
+    """
+    return os.fspath(path)
 
 
 @dataclasses.dataclass
@@ -80,7 +91,7 @@ class ProjectConfiguration:
 
     Args:
         project_dir: root of the run's files; checkpoints go to ``{project_dir}/checkpoints``
-            with automatic naming.
+            with automatic naming. A folder, or an object store's URL (``s3://bucket/run``).
         logging_dir: where trackers would log; defaults to ``project_dir``.
         automatic_checkpoint_naming: name saves ``checkpoint_{iteration}`` and count up.
         total_limit: keep only the newest N automatically named checkpoints.
@@ -103,7 +114,7 @@ class ProjectConfiguration:
 
     def __post_init__(self) -> None:
         if self.project_dir is not None:
-            self.project_dir = local_folder(self.project_dir, "project_dir")
+            self.project_dir = checkpoint_location(self.project_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
         if self.total_limit is not None and self.total_limit < 1:
@@ -112,7 +123,7 @@ class ProjectConfiguration:
 
     def set_directories(self, project_dir: Optional[str] = None) -> None:
         """Set ``project_dir`` (and ``logging_dir`` when unset), as Accelerate does."""
-        self.project_dir = local_folder(project_dir, "project_dir") if project_dir is not None else None
+        self.project_dir = checkpoint_location(project_dir) if project_dir is not None else None
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 

@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optiona
 import numpy as np
 
 from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
-from ..config import local_folder
+from ..config import checkpoint_location
 from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lock, safetensors_io
-from .manifest import check_file_name, read_manifest, write_manifest
+from .manifest import check_file_name
 from .safetensors_io import verify_file
+from .store import is_url, location_of
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -327,10 +328,11 @@ class CheckpointManager:
             if output_dir is not None:
                 raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
-            self._hold_folder(config.project_dir)
+            if not is_url(folder):  # an object store has no lock: one run per prefix (docs/object-storage.md)
+                self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
             iteration = config.iteration
-            highest = layout.highest_number(folder) if self.backend.process_index == 0 else None
+            highest = location_of(folder).highest_number(folder) if self.backend.process_index == 0 else None
             if highest is not None and iteration <= highest:
                 iteration = highest + 1  # never collide with an existing checkpoint_N
             config.iteration = self.collectives.broadcast_json(iteration, operation="save_state (name)")
@@ -341,14 +343,10 @@ class CheckpointManager:
                 "save_state() needs a directory: pass output_dir, or set project_dir, or enable "
                 "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
-        target = local_folder(target, "save_state(output_dir)")
-        foreign = layout.foreign_entries(target)
-        if foreign:
-            raise CheckpointError(
-                f"{target}: refusing to save here: the directory holds {', '.join(foreign[:5])}, which no checkpoint "
-                "wrote, and saving replaces the directory whole. Pass another output_dir or use automatic naming."
-                + see("refusing-to-save-here")
-            )
+        target = checkpoint_location(target)
+        refusal = location_of(target).refusal(target)
+        if refusal:
+            raise CheckpointError(f"{target}: refusing to save here: {refusal}" + see("refusing-to-save-here"))
         return target
 
     def _hold_folder(self, folder: str) -> None:
@@ -405,7 +403,7 @@ class CheckpointManager:
         """Agree on a token for this save (collective); returns ``(token, temporary directory)``."""
         token = self.collectives.broadcast_json(uuid.uuid4().hex[:12] if self.backend.process_index == 0 else None,
                                                 operation="save_state (begin)")
-        return token, layout.temporary_dir(final, token)
+        return token, location_of(final).staging(final, token)
 
     def begin_sharded(self, tmp: str, snap: Snapshot) -> Optional[ShardedWrite]:
         """The calling thread's half of an async save's sharded write (every process; the
@@ -458,10 +456,11 @@ class CheckpointManager:
 
     def _write_whole(self, tmp: str, snap: Snapshot) -> Dict[str, Any]:
         """The files this process writes whole (`Snapshot.files`): its report, or an ``error``."""
+        location = location_of(tmp)
         try:
             snap.ready()
-            os.makedirs(tmp, exist_ok=True)
-            files = {name: safetensors_io.write(os.path.join(tmp, name), arrays, live=snap.live)
+            location.prepare(tmp)
+            files = {name: location.write(os.path.join(tmp, name), arrays, snap.live)
                      for name, arrays in snap.files.items()}
         except OSError as err:
             return {"error": f"process {self.backend.process_index}: {err}"}
@@ -476,6 +475,10 @@ class CheckpointManager:
     def save(self, final: str, snap: Snapshot, begun: Optional[Tuple[str, str]] = None) -> str:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective);
         ``begun``: the ``(token, temporary directory)`` of a `begin` already made."""
+        if snap.sharded and is_url(final):  # the same on every process: each holds a part of the sharded arrays
+            raise CheckpointError(f"save_state({final!r}): arrays sharded across processes (FSDP) are saved to a folder "
+                                  "only in this version; nothing was written. Save to a folder (on several machines, one "
+                                  "they all mount)." + see("object-storage-limits"))
         token, tmp = begun if begun is not None else self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
         if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
@@ -598,18 +601,16 @@ class CheckpointManager:
         and older ones beyond ``total_limit`` are gone (as Accelerate's are when its save
         returns). Nothing of a save that failed (here or on any process) stays behind, and a
         failed save deletes no older checkpoint."""
+        location = location_of(final)
         if any("error" in r for r in reports):
-            shutil.rmtree(tmp, ignore_errors=True)
+            location.discard(tmp)
             return
         try:
             self._write_manifest_and_rename(final, tmp, token, reports, snap)
         except (OSError, CheckpointError):
-            shutil.rmtree(tmp, ignore_errors=True)
+            location.discard(tmp)
             raise
-        parent = os.path.dirname(os.path.abspath(final))
-        layout.remove_stale_temporaries(parent)
-        if self.config.automatic_checkpoint_naming:
-            layout.apply_retention(parent, self.config.total_limit, keep=final)
+        location.after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit)
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
                                    snap: Snapshot) -> None:
@@ -618,7 +619,8 @@ class CheckpointManager:
         for r in reports:
             files.update(r["files"])
             structures.update(r["structures"])
-        hook_files = sorted(set(_tree(tmp, "")) - set(files))  # what save-state hooks wrote: verified at load
+        # what save-state hooks wrote (into a folder: a store takes no hooks), verified at load
+        hook_files = [] if is_url(tmp) else sorted(set(_tree(tmp, "")) - set(files))
         for name in hook_files:
             check_file_name(tmp, name)
         files.update(_hash_files(tmp, hook_files))
@@ -636,9 +638,7 @@ class CheckpointManager:
         trackers = self.tracker_identities()
         if trackers:  # the experiment trackers' runs, which a resumed job continues (init_trackers)
             body["trackers"] = trackers
-        write_manifest(tmp, body)
-        layout.fsync_tree(tmp)  # contents before the name: a power loss never leaves a torn checkpoint
-        layout.commit(tmp, final, token)
+        location_of(final).commit(tmp, final, token, body)
 
     # -- load ----------------------------------------------------------------------------------------
     def load_target(self, input_dir: Optional[str]) -> Tuple[str, bool]:
@@ -652,7 +652,7 @@ class CheckpointManager:
         if target is None:
             raise ValueError("load_state() needs input_dir, or ProjectConfiguration(automatic_checkpoint_naming=True) "
                              "with project_dir." + see("load-needs-directory"))
-        return local_folder(target, "load_state(input_dir)"), False
+        return checkpoint_location(target), False
 
     def saved_tracker_identities(self) -> Dict[str, Dict[str, str]]:
         """The tracker runs (name -> identity) of the checkpoint that ``load_state()`` would load,
@@ -660,14 +660,15 @@ class CheckpointManager:
         ``load_state``, not here) and never a collective."""
         try:
             target, automatic = self.load_target(None)
+            location = location_of(target)
             if automatic:
-                found = layout.numbered_checkpoints(target)
+                found = location.numbered(target)
                 if not found:
                     return {}
                 target = found[-1][1]
-            if not os.path.isfile(os.path.join(target, "manifest.json")):
+            if not location.has_manifest(target):
                 return {}
-            saved = read_manifest(target).get("trackers") or {}
+            saved = location.read_manifest(target).get("trackers") or {}
         except (ValueError, OSError, CheckpointError):
             return {}
         return {name: dict(identity) for name, identity in saved.items() if isinstance(identity, dict)}
@@ -677,20 +678,23 @@ class CheckpointManager:
         """Whether `load_target`'s answer holds a checkpoint to load (`load_state(if_exists=True)`):
         a complete automatically named one, or a ``manifest.json`` (or a checkpoint a save set
         aside, which `resolve_load_dir` puts back) in the folder; never a collective."""
+        location = location_of(folder)
         if automatic:
-            return bool(layout.numbered_checkpoints(folder))
-        return os.path.isfile(os.path.join(folder, "manifest.json")) or layout.set_aside_exists(folder)
+            return bool(location.numbered(folder))
+        return location.has_manifest(folder) or (location.atomic_replace and layout.set_aside_exists(folder))
 
     def resolve_load_dir(self, input_dir: Optional[str]) -> str:
         """The directory `load` reads (collective when it may first have to repair one)."""
         target, automatic = self.load_target(input_dir)
+        location = location_of(target)
         if automatic:
-            found = layout.numbered_checkpoints(target)
+            found = location.numbered(target)
             if not found:
                 raise CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
             return found[-1][1]
-        self._recover(target)
-        if input_dir is None and not os.path.isfile(os.path.join(target, "manifest.json")):
+        if location.atomic_replace:  # a folder: a save may have set the old checkpoint aside
+            self._recover(target)
+        if input_dir is None and not location.has_manifest(target):
             raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
                              "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("load-needs-directory"))
         return target
@@ -744,7 +748,8 @@ class CheckpointManager:
                                       + see("cannot-restore")) from err
         self._restore_rng(rng, manifest)
         if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
-            highest = layout.highest_number(os.path.join(self.config.project_dir, layout.CHECKPOINTS))
+            folder = os.path.join(self.config.project_dir, layout.CHECKPOINTS)
+            highest = location_of(folder).highest_number(folder)
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
 
@@ -874,7 +879,7 @@ class CheckpointManager:
         if info is None:
             raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run."
                                   + see("lists-no-file"))
-        return safetensors_io.read(check_file_name(directory, name), info["size"], info["xxh3"])
+        return location_of(directory).read(check_file_name(directory, name), info["size"], info["xxh3"])
 
     @staticmethod
     def _refuse_changed(verified: Dict[str, Tuple[int, ...]]) -> None:
@@ -884,7 +889,7 @@ class CheckpointManager:
                                   "nothing was restored. Check that nothing writes into the checkpoint." + see("file-ended"))
 
     def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any], Dict[str, Tuple[int, ...]]]:
-        manifest = read_manifest(directory)
+        manifest = location_of(directory).read_manifest(directory)
         where = os.path.join(directory, "manifest.json")
         if manifest.get("backend") != self.backend.name:
             raise CheckpointError(

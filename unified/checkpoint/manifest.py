@@ -70,13 +70,18 @@ def _digest(body: Dict[str, Any]) -> str:
     return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
-def write_manifest(directory: str, body: Dict[str, Any]) -> None:
-    """Write ``manifest.json`` (with its own checksum) and fsync it."""
+def manifest_bytes(body: Dict[str, Any]) -> bytes:
+    """The bytes of ``manifest.json`` for ``body``, with the format and its own checksum."""
     body = {"format": FORMAT, "format_version": FORMAT_VERSION, **body}
     document = {**body, "manifest_xxh3": _digest(body)}
+    return json.dumps(document, indent=1, sort_keys=True).encode()
+
+
+def write_manifest(directory: str, body: Dict[str, Any]) -> None:
+    """Write ``manifest.json`` (with its own checksum) and fsync it."""
     path = os.path.join(directory, MANIFEST)
-    with open(path, "w") as handle:
-        json.dump(document, handle, indent=1, sort_keys=True)
+    with open(path, "wb") as handle:
+        handle.write(manifest_bytes(body))
         handle.flush()
         os.fsync(handle.fileno())
 
@@ -156,7 +161,7 @@ def json_parse_cost(raw: bytes) -> Tuple[int, int]:
     return _nesting(raw.translate(None, _NOT_BRACKET)), cost
 
 
-def _parse_manifest_json(raw: bytes, path: str) -> Any:
+def parse_manifest_json(raw: bytes, path: str) -> Any:
     """``json.loads(raw)`` once the manifest is known to be ASCII (as our writer makes it), not
     nested beyond `MAX_MANIFEST_DEPTH` and cheap enough to parse (`MAX_PARSE_RATIO`)."""
     if not raw.isascii():
@@ -221,7 +226,7 @@ def check_file_name(directory: str, name: str, checked: Optional[Set[str]] = Non
 def read_manifest_document(path: str) -> Any:
     """The JSON document of the manifest at ``path``, parsed within the bounds above but not
     validated; `CheckpointError` when it is missing, not a regular file, too large or not JSON."""
-    return _parse_manifest_json(_read_manifest_bytes(path), path)
+    return parse_manifest_json(_read_manifest_bytes(path), path)
 
 
 def _read_manifest_bytes(path: str) -> bytes:
@@ -276,7 +281,13 @@ def read_manifest(directory: str) -> Dict[str, Any]:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isdir(directory):
         raise CheckpointError(f"{directory}: no such checkpoint directory." + see("no-such-directory"))
-    document = read_manifest_document(path)
+    return check_manifest(read_manifest_document(path), directory)
+
+
+def check_manifest(document: Any, directory: str) -> Dict[str, Any]:
+    """The validated body of the parsed manifest ``document`` of the checkpoint ``directory``
+    (a folder or a URL); raise `CheckpointError` naming the problem."""
+    path = os.path.join(directory, MANIFEST)
     if not (isinstance(document, dict) and isinstance(document.get("manifest_xxh3"), str)):
         raise CheckpointError(f"{path}: not a valid manifest (expected a JSON object with a 'manifest_xxh3' string)."
                               + see("manifest-invalid"))

@@ -120,6 +120,70 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     return {"size": position, "xxh3": digest.hexdigest()}
 
 
+def write_stream(handle: Any, arrays: Mapping[str, Exported], chunk: int = _LIVE_CHUNK) -> Dict[str, object]:
+    """Write ``arrays`` as one safetensors file to the binary file object ``handle`` in order
+    (an object store's upload: no seek, no offset), hashing each chunk as it is written; returns
+    ``{"size", "xxh3"}``. The bytes equal `write`'s for the same arrays.
+
+    Example:
+        >>> with open("model.safetensors", "wb") as out:
+        ...     write_stream(out, {"w": export_numpy(np.ones(3, np.float32))})
+    """
+    ordered, prefix = _layout({name: (dtype, shape, raw.nbytes) for name, (dtype, shape, raw) in arrays.items()})
+    digest = xxhash.xxh3_64(prefix)
+    handle.write(prefix)
+    size = len(prefix)
+    for name in ordered:
+        view = memoryview(arrays[name][2])
+        for start in range(0, len(view), chunk):
+            part = view[start:start + chunk]
+            digest.update(part)
+            handle.write(part)
+        size += len(view)
+    return {"size": size, "xxh3": digest.hexdigest()}
+
+
+def read_stream(handle: Any, path: str, size: int, checksum: str, chunk: int = _READ_CHUNK) -> Dict[str, np.ndarray]:
+    """`read` from a binary file object read in order (an object store's download): the header,
+    then each array's bytes straight into its private memory, every chunk hashed as it arrives;
+    ``size`` is the object's size, already compared with the manifest's. Raises `CheckpointError`
+    naming ``path`` when the stream ends early, the file is not well-formed or its checksum differs.
+
+    Example:
+        >>> with open("model.safetensors", "rb") as f:
+        ...     arrays = read_stream(f, "model.safetensors", 140, "0123456789abcdef")
+    """
+    digest = xxhash.xxh3_64()
+
+    def exact(count: int) -> bytes:
+        data = handle.read(count)
+        if len(data) != count:
+            raise CheckpointError(f"{path}: the object ended after fewer bytes than the {size} it has; nothing was "
+                                  "restored." + see("file-ended"))
+        digest.update(data)
+        return data
+
+    length = _header_length(exact(min(8, size)), size - 8, path)
+    arrays, spans = _allocate(exact(length), size - 8 - length, path)
+    for _, array in spans:  # _lay_out checked that the arrays tile the data section: in order, no gaps
+        view = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else memoryview(b"")
+        for start in range(0, len(view), chunk):
+            part = view[start:start + chunk]
+            got = handle.readinto(part)
+            while got is not None and got < len(part):
+                more = handle.readinto(part[got:])
+                if not more:
+                    break
+                got += more
+            if got != len(part):
+                raise CheckpointError(f"{path}: the object ended before its {size} bytes were read; nothing was "
+                                      "restored." + see("file-ended"))
+            digest.update(part)
+    if digest.hexdigest() != checksum:
+        raise checksum_mismatch(path)
+    return arrays
+
+
 def _layout(specs: Mapping[str, Tuple[str, Sequence[int], int]], metadata: Mapping[str, str] = ()
             ) -> Tuple[list, bytes]:
     """The order of the arrays in the file and its prefix (length + JSON header + padding), from

@@ -1,0 +1,201 @@
+"""Checkpoints in object storage (issue 29), on a real S3-compatible server started on loopback
+(moto's standalone server, the one s3fs's own tests run against): a URL works wherever a folder
+does (save_state, load_state, automatic naming, total_limit, load_state() of the newest); the
+manifest, written last, is the commit; damaged, missing and half-written checkpoints are refused
+or ignored, never loaded. Before, URLs were refused (and before that, written into a local folder
+named ``s3:``)."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+from unified.checkpoint import safetensors_io
+from unified.checkpoint.store import ObjectStore, location_of
+from unified.errors import CheckpointError
+
+from unified.testing.object_store import missing_store_packages, s3_server
+
+pytestmark = pytest.mark.skipif(missing_store_packages() is not None, reason=str(missing_store_packages()))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with s3_server() as running:
+        yield running
+
+
+@pytest.fixture
+def bucket(server):
+    """A fresh bucket: ``s3://NAME``, and the fsspec file system that reaches it."""
+    return server.bucket(), server.filesystem()
+
+
+@pytest.fixture
+def accelerator_of():
+    """``make(**kwargs)``: a one-process torch Accelerator with a model and an optimizer prepared
+    (ended after the test)."""
+    torch = pytest.importorskip("torch")
+    from unified import Accelerator
+
+    made = []
+
+    def make(**kwargs):
+        acc = Accelerator(backend="torch", **kwargs)
+        torch.manual_seed(0)
+        model = acc.prepare(torch.nn.Linear(4, 3))
+        optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.1))
+        made.append(acc)
+        return acc, model, optimizer
+
+    yield make
+    for acc in made:
+        acc.end_training()
+
+
+def _step(acc, model, optimizer):
+    import torch
+
+    loss = model(torch.ones(2, 4)).sum()
+    acc.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_streamed_files_are_the_files_the_folder_writer_writes(tmp_path):
+    arrays = {"w": safetensors_io.export_numpy(np.arange(12, dtype=np.float32).reshape(3, 4)),
+              "b": safetensors_io.export_numpy(np.arange(3, dtype=np.int64)),
+              "odd": safetensors_io.export_numpy(np.arange(5, dtype=np.uint8))}
+    streamed = io.BytesIO()
+    info = safetensors_io.write_stream(streamed, arrays, chunk=7)  # chunks smaller than an array
+    assert info == safetensors_io.write(str(tmp_path / "f.safetensors"), arrays)
+    assert streamed.getvalue() == (tmp_path / "f.safetensors").read_bytes()
+    back = safetensors_io.read_stream(io.BytesIO(streamed.getvalue()), "f", info["size"], info["xxh3"], chunk=5)
+    assert np.array_equal(back["w"], np.arange(12, dtype=np.float32).reshape(3, 4)) and back["odd"].tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        damaged = bytearray(streamed.getvalue())
+        damaged[-1] ^= 1
+        safetensors_io.read_stream(io.BytesIO(bytes(damaged)), "f", info["size"], info["xxh3"])
+    with pytest.raises(CheckpointError, match="ended"):
+        safetensors_io.read_stream(io.BytesIO(streamed.getvalue()[:-3]), "f", info["size"], info["xxh3"])
+
+
+def test_save_state_and_load_state_round_trip_through_s3(bucket, accelerator_of, tmp_path, monkeypatch):
+    url, fs = bucket
+    monkeypatch.chdir(tmp_path)
+    acc, model, optimizer = accelerator_of()
+    _step(acc, model, optimizer)
+    saved = _params(model)
+    assert acc.save_state(f"{url}/run/last") == f"{url}/run/last"
+    listed = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{url}/run/last"))
+    assert "manifest.json" in listed and "model_0.safetensors" in listed and "rng_0.safetensors" in listed
+    _step(acc, model, optimizer)
+    assert not _same(_params(model), saved)
+    assert acc.load_state(f"{url}/run/last") == f"{url}/run/last"
+    assert _same(_params(model), saved)
+    assert os.listdir(tmp_path) == []  # nothing written locally (no folder named "s3:")
+
+
+def test_automatic_naming_keeps_total_limit_when_save_state_returns_and_loads_the_newest(bucket, accelerator_of):
+    from unified import ProjectConfiguration
+
+    url, fs = bucket
+    config = ProjectConfiguration(project_dir=f"{url}/run", automatic_checkpoint_naming=True, total_limit=2)
+    acc, model, optimizer = accelerator_of(project_config=config)
+    assert acc.load_state(if_exists=True) is None  # nothing there yet: a fresh start
+    for _ in range(3):
+        _step(acc, model, optimizer)
+        acc.save_state()
+    newest = _params(model)
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{url}/run/checkpoints"))
+    assert names == ["checkpoint_1", "checkpoint_2"]  # retention ran before save_state returned
+    _step(acc, model, optimizer)
+    later, model2, _ = accelerator_of(project_config=ProjectConfiguration(
+        project_dir=f"{url}/run", automatic_checkpoint_naming=True, total_limit=2))
+    assert later.load_state() == f"{url}/run/checkpoints/checkpoint_2"
+    assert _same(_params(model2), newest)
+    assert later.project_configuration.iteration == 3  # the next save never collides
+
+
+def test_a_save_that_never_committed_is_ignored_then_cleaned_up(bucket, accelerator_of, monkeypatch):
+    from unified import ProjectConfiguration
+
+    url, fs = bucket
+    config = ProjectConfiguration(project_dir=f"{url}/run", automatic_checkpoint_naming=True)
+    acc, model, optimizer = accelerator_of(project_config=config)
+    acc.save_state()
+    kept = _params(model)
+    _step(acc, model, optimizer)
+
+    def lost(*args, **kwargs):  # the process dies before its manifest is written: files, no commit
+        raise OSError("connection lost")
+
+    monkeypatch.setattr(ObjectStore, "commit", lost)
+    monkeypatch.setattr(ObjectStore, "discard", lambda self, staging: None)  # as if killed: nothing cleaned up
+    with pytest.raises(CheckpointError, match="was not committed"):
+        acc.save_state()
+    assert fs.exists(f"{url}/run/checkpoints/checkpoint_1/model_0.safetensors")  # written, never committed
+    monkeypatch.undo()
+    fresh, model2, _ = accelerator_of(project_config=ProjectConfiguration(project_dir=f"{url}/run",
+                                                                          automatic_checkpoint_naming=True))
+    assert fresh.load_state() == f"{url}/run/checkpoints/checkpoint_0"  # the half-written one is never loaded
+    assert _same(_params(model2), kept)
+    assert fresh.save_state() == f"{url}/run/checkpoints/checkpoint_2"  # past the leftover, never onto it
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{url}/run/checkpoints")) == ["checkpoint_0", "checkpoint_2"]
+
+
+@pytest.mark.parametrize("damage", ["flipped", "missing", "manifest"])
+def test_a_damaged_or_missing_object_is_refused_naming_it_and_nothing_is_restored(bucket, accelerator_of, damage):
+    url, fs = bucket
+    acc, model, optimizer = accelerator_of()
+    acc.save_state(f"{url}/ckpt")
+    key = f"{url}/ckpt/{'manifest.json' if damage == 'manifest' else 'model_0.safetensors'}"
+    if damage == "missing":
+        fs.rm(key)
+    else:
+        data = bytearray(fs.cat_file(key))
+        data[len(data) // 2] ^= 1
+        fs.pipe_file(key, bytes(data))
+    _step(acc, model, optimizer)
+    before = _params(model)
+    with pytest.raises(CheckpointError, match="model_0.safetensors|manifest.json") as caught:
+        acc.load_state(f"{url}/ckpt")
+    assert key.split("://")[1] in str(caught.value)
+    assert _same(_params(model), before)
+
+
+def test_refusals_say_what_to_do_and_write_nothing(bucket, accelerator_of, tmp_path, monkeypatch):
+    url, fs = bucket
+    monkeypatch.chdir(tmp_path)
+    acc, model, optimizer = accelerator_of()
+    acc.save_state(f"{url}/ckpt")
+    with pytest.raises(CheckpointError, match="cannot replace one atomically"):
+        acc.save_state(f"{url}/ckpt")  # a second save to the same prefix: the old one stays whole
+    with pytest.raises(ValueError, match="async_save with an object store"):
+        acc.save_state(f"{url}/other", async_save=True)
+    with pytest.raises(ValueError, match="object-storage URL.*object-storage-url"):
+        acc.save_model(model, f"{url}/model")
+    with pytest.raises(ImportError, match="fsspec client of nosuch://"):
+        acc.save_state("nosuch://bucket/x")
+    assert not fs.exists(f"{url}/other") and not fs.exists(f"{url}/model")
+    assert os.listdir(tmp_path) == []
+    acc.load_state(f"{url}/ckpt")  # still whole
+
+
+def test_project_dir_may_be_a_url_and_local_paths_are_unchanged(tmp_path):
+    from unified.config import ProjectConfiguration
+
+    assert ProjectConfiguration(project_dir="s3://bucket/run").project_dir == "s3://bucket/run"
+    assert ProjectConfiguration(project_dir=tmp_path).project_dir == str(tmp_path)
+    assert ProjectConfiguration(project_dir="runs/s3:odd").project_dir == "runs/s3:odd"
+    assert isinstance(location_of("s3://bucket/run"), ObjectStore)

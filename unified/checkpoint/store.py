@@ -1,0 +1,232 @@
+"""Where checkpoints live: a folder of the file system, or an object store named by an fsspec URL.
+
+The checkpoint manager does the same steps everywhere (write each process's files, write the
+manifest last, apply retention); a `Location` is the part that differs, with the commit as its
+own step, as Orbax's atomicity strategies are:
+
+* `Folder`: files go into a temporary folder beside the checkpoint; the commit writes the
+  manifest, fsyncs every file and folder, and renames the folder into place (atomic).
+* `ObjectStore` (``s3://``, ``gs://``, any fsspec URL): there is no rename, so the files go
+  straight to the checkpoint's prefix and the manifest, written last in one request, is the
+  commit. A prefix without its manifest is never listed, loaded or counted by retention; what a
+  crashed save left there is deleted after a later commit. Files are streamed (multipart
+  uploads) and hashed in the same pass; nothing is staged whole on local disk.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CheckpointError, see
+from . import layout, safetensors_io
+from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, check_manifest, manifest_bytes, parse_manifest_json,
+                       read_manifest, write_manifest)
+
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
+PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds
+# the extras that bring each protocol's fsspec client
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` names an object store (``s3://bucket/run``) rather than a folder.
+
+    Example:
+        >>> is_url("s3://bucket/run"), is_url("runs/exp1")
+        (True, False)
+    """
+    return isinstance(path, str) and URL.match(path) is not None
+
+
+class Folder:
+    """Checkpoints in a folder of the file system (shared by every machine of a multi-host job)."""
+
+    atomic_replace = True
+
+    def numbered(self, folder: str) -> List[Tuple[int, str]]:
+        return layout.numbered_checkpoints(folder)
+
+    def highest_number(self, folder: str) -> Optional[int]:
+        return layout.highest_number(folder)
+
+    def refusal(self, target: str) -> Optional[str]:
+        foreign = layout.foreign_entries(target)
+        if foreign:
+            return (f"the directory holds {', '.join(foreign[:5])}, which no checkpoint wrote, and saving replaces the "
+                    "directory whole. Pass another output_dir or use automatic naming.")
+        return None
+
+    def staging(self, final: str, token: str) -> str:
+        return layout.temporary_dir(final, token)
+
+    def write(self, path: str, arrays: Mapping[str, Any], live: bool) -> Dict[str, object]:
+        return safetensors_io.write(path, arrays, live=live)
+
+    def prepare(self, staging: str) -> None:
+        import os
+
+        os.makedirs(staging, exist_ok=True)
+
+    def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
+        write_manifest(staging, body)
+        layout.fsync_tree(staging)  # contents before the name: a power loss never leaves a torn checkpoint
+        layout.commit(staging, final, token)
+
+    def discard(self, staging: str) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
+        import os
+
+        parent = os.path.dirname(os.path.abspath(final))
+        layout.remove_stale_temporaries(parent)
+        if automatic:
+            layout.apply_retention(parent, total_limit, keep=final)
+
+    def has_manifest(self, directory: str) -> bool:
+        import os
+
+        return os.path.isfile(os.path.join(directory, MANIFEST))
+
+    def read_manifest(self, directory: str) -> Dict[str, Any]:
+        return read_manifest(directory)
+
+    def read(self, path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
+        return safetensors_io.read(path, size, checksum)
+
+
+class ObjectStore:
+    """Checkpoints under an fsspec URL. Credentials and endpoint come from where the client
+    library looks (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/config``...)."""
+
+    atomic_replace = False
+
+    def __init__(self, url: str) -> None:
+        self.fs, _ = _filesystem(url)
+
+    def _path(self, url: str) -> str:
+        return self.fs._strip_protocol(url)
+
+    def numbered(self, folder: str) -> List[Tuple[int, str]]:
+        """Committed ``checkpoint_N`` prefixes (their manifest exists), by N."""
+        names = self._names(folder)
+        found = []
+        for name in names:
+            match = _AUTO_NAME.match(name)
+            if match and self.has_manifest(f"{folder.rstrip('/')}/{name}"):
+                found.append((int(match.group(1)), f"{folder.rstrip('/')}/{name}"))
+        return sorted(found)
+
+    def highest_number(self, folder: str) -> Optional[int]:
+        numbers = [int(m.group(1)) for m in map(_AUTO_NAME.match, self._names(folder)) if m]
+        return max(numbers) if numbers else None
+
+    def _names(self, folder: str) -> List[str]:
+        path = self._path(folder)
+        self.fs.invalidate_cache(path)  # other processes and runs write here: never a cached listing
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
+
+    def refusal(self, target: str) -> Optional[str]:
+        names = self._names(target)
+        if MANIFEST in names:
+            return ("it holds a checkpoint, and an object store cannot replace one atomically (there is no rename): "
+                    "save to a new URL, delete the old checkpoint first, or use automatic naming.")
+        if names:
+            return (f"the prefix holds {', '.join(sorted(names)[:5])}, which no checkpoint wrote. Pass another "
+                    "output_dir or use automatic naming.")
+        return None
+
+    def staging(self, final: str, token: str) -> str:
+        return final  # no rename: the manifest, written last, commits the files where they are
+
+    def prepare(self, staging: str) -> None:
+        pass  # prefixes need no creating
+
+    def write(self, path: str, arrays: Mapping[str, Any], live: bool) -> Dict[str, object]:
+        """Stream one file to the store (a multipart upload of `PART_BYTES` parts), hashed as it goes."""
+        del live  # every chunk is hashed and then written from the same bytes: what is hashed is what is sent
+        with self.fs.open(self._path(path), "wb", block_size=PART_BYTES) as handle:
+            return safetensors_io.write_stream(handle, arrays)
+
+    def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
+        self.fs.pipe_file(self._path(f"{final.rstrip('/')}/{MANIFEST}"), manifest_bytes(body))
+
+    def discard(self, staging: str) -> None:
+        try:
+            self.fs.rm(self._path(staging), recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
+        """With automatic naming: the prefixes of crashed saves (a ``checkpoint_N`` below the new
+        one without a manifest: a save that never committed; one run per prefix), then retention."""
+        if not automatic:
+            return
+        folder, name = final.rstrip("/").rsplit("/", 1)
+        newest = int(_AUTO_NAME.match(name).group(1))  # type: ignore[union-attr]
+        committed = self.numbered(folder)
+        complete = {n for n, _ in committed}
+        for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, self._names(folder)) if m]:
+            if n < newest and n not in complete:
+                self.discard(f"{folder}/checkpoint_{n}")
+        excess = len(committed) - (total_limit or len(committed))
+        for n, path in committed:
+            if excess <= 0:
+                break
+            if n != newest:
+                self.discard(path)
+                excess -= 1
+
+    def has_manifest(self, directory: str) -> bool:
+        return bool(self.fs.exists(self._path(f"{directory.rstrip('/')}/{MANIFEST}")))
+
+    def read_manifest(self, directory: str) -> Dict[str, Any]:
+        url = f"{directory.rstrip('/')}/{MANIFEST}"
+        try:
+            size = self.fs.size(self._path(url))
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{url}: missing; this prefix holds no complete checkpoint." + see("manifest-missing")) from err
+        if size > MAX_MANIFEST_BYTES:
+            raise CheckpointError(f"{url}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it." + see("manifest-too-large"))
+        return check_manifest(parse_manifest_json(self.fs.cat_file(self._path(url)), url), directory)
+
+    def read(self, path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
+        """Stream one file from the store into private arrays, verified (see `safetensors_io.read_stream`)."""
+        try:
+            actual = self.fs.size(self._path(path))
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
+                                  + see("cannot-open-file")) from err
+        if actual != size:
+            raise safetensors_io.size_mismatch(path, actual, size)
+        with self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none") as handle:
+            return safetensors_io.read_stream(handle, path, size, checksum)
+
+
+def _filesystem(url: str) -> Tuple[Any, str]:
+    protocol = url.split("://", 1)[0].lower()
+    extra = EXTRAS.get(protocol)
+    hint = f"pip install 'unified[{extra}]'" if extra else f"install the fsspec client of {protocol}://"
+    try:
+        import fsspec
+    except ImportError as err:
+        raise ImportError(f"checkpoints at {url} need fsspec and its client for {protocol}://: {hint}."
+                          + see("object-storage-client")) from err
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as err:
+        raise ImportError(f"checkpoints at {url} need the fsspec client for {protocol}:// ({err}): {hint}."
+                          + see("object-storage-client")) from err
+
+
+def location_of(path: str) -> Any:
+    """The `Location` of a checkpoint path: an `ObjectStore` for a URL, else a `Folder`."""
+    return ObjectStore(path) if is_url(path) else Folder()

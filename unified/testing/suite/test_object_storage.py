@@ -1,0 +1,42 @@
+"""Conformance: checkpoints in object storage (an S3-compatible server the test starts on
+loopback), in real groups of 2 and 3 processes: every process writes its own files to the
+store, the manifest written last commits, retention has run when save_state returns, the
+newest checkpoint loads back exactly, and a URL that holds a checkpoint is never overwritten."""
+from __future__ import annotations
+
+import pytest
+
+from ..harness import run_group
+from ..object_store import missing_store_packages, s3_server
+from ..storage_scenarios import STORE_VARIABLE, store_checkpoints
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2-processes", "3-processes"])
+def stored(request, backend, tmp_path_factory):
+    missing = missing_store_packages()
+    if missing:
+        pytest.skip(missing)
+    with s3_server() as server:
+        return run_group(backend, request.param, [store_checkpoints], tmp_path_factory.mktemp(f"store-{backend}"),
+                         extra_env={STORE_VARIABLE: server.bucket()})
+
+
+def test_checkpoints_in_object_storage_save_retain_and_load_exactly(stored):
+    rows = stored.scenario(store_checkpoints)
+    main = rows[0]
+    assert main["listing"] == ["checkpoint_1", "checkpoint_2"]  # total_limit=2, applied before save_state returned
+    for r in rows:
+        assert r["saved"] == main["saved"] and r["saved"][-1].endswith("/run/checkpoints/checkpoint_2")
+        assert r["loaded"] == r["saved"][-1]
+        assert r["hash_loaded"] == r["hashes"][-1] == main["hashes"][-1]  # replicated state, as saved
+        assert r["draws_after_load"] == r["draws_after_save"]  # every generator of every process
+        assert r["iteration"] == 3
+        assert r["hash_explicit_loaded"] == r["hash_explicit"]
+
+
+def test_a_url_that_holds_a_checkpoint_is_refused_on_every_process_and_stays_loadable(stored):
+    for r in stored.scenario(store_checkpoints):
+        assert r["refused"] is not None and "cannot replace one atomically" in r["refused"]
+        assert r["hash_after_refusal"] == r["hash_explicit"]
