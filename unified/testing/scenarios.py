@@ -798,7 +798,6 @@ def ckpt_commit_failures(state: dict) -> dict:
     import errno
 
     from .training import make
-    from unified.checkpoint import manager as manager_module
 
     target = _shared("interrupted")
     acc = Accelerator(timeout=60, seed=3, project_dir=target)
@@ -820,13 +819,15 @@ def ckpt_commit_failures(state: dict) -> dict:
             outcome[case] = {"raised": None, "restored": run.param_hash() == saved}
         except Exception as err:  # noqa: BLE001 - the test wants to see what it was
             outcome[case] = {"raised": type(err).__name__, "message": str(err)}
-    real_write = manager_module.write_manifest
+    from unified.checkpoint import store as store_module  # the folder's commit writes the manifest
+
+    real_write = store_module.write_manifest
 
     def full_disk(directory, body):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory)
 
     if acc.is_main_process:
-        manager_module.write_manifest = full_disk
+        store_module.write_manifest = full_disk
     start = time.monotonic()
     try:
         acc.save_state(_shared("commit_fails"))
@@ -834,7 +835,7 @@ def ckpt_commit_failures(state: dict) -> dict:
     except Exception as err:  # noqa: BLE001
         outcome["commit"] = {"raised": type(err).__name__, "message": str(err)}
     finally:
-        manager_module.write_manifest = real_write
+        store_module.write_manifest = real_write
     outcome["commit"]["elapsed"] = time.monotonic() - start
     acc.wait_for_everyone()
     outcome["commit"]["left"] = sorted(n for n in os.listdir(_shared()) if "commit_fails" in n)
