@@ -10,11 +10,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
-from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, is_url, local_folder
 from .environment import restart_count
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
-from .checkpoint.store import is_url
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, RegistrationError, see

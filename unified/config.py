@@ -56,6 +56,17 @@ class DistributedType(str, enum.Enum):
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
+def is_url(path: Any) -> bool:
+    """Whether ``path`` names an object store (``s3://bucket/run``, any ``scheme://``) rather
+    than a folder.
+
+    Example:
+        >>> is_url("s3://bucket/run"), is_url("runs/exp1")
+        (True, False)
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
 def local_folder(path: Any, what: str) -> str:
     """``path`` as a string, refused when it is a URL (``s3://bucket/run``) for a call that writes
     to a folder (`Accelerator.save_model`): ``os`` functions would otherwise make a local folder
@@ -66,7 +77,7 @@ def local_folder(path: Any, what: str) -> str:
         'runs/exp1'
     """
     path = os.fspath(path)
-    if isinstance(path, str) and _URL.match(path):
+    if is_url(path):
         raise ValueError(
             f"{what}={path!r} is an object-storage URL; this call writes to a folder of the file system (save_state "
             "and load_state take URLs). Write to a local folder and upload it, or mount the bucket (e.g. "

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optiona
 import numpy as np
 
 from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
-from ..config import checkpoint_location
+from ..config import checkpoint_location, is_url
 from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lock, safetensors_io
 from .manifest import check_file_name
 from .safetensors_io import verify_file
-from .store import is_url, location_of
+from .store import location_of
 
 if TYPE_CHECKING:
     from ..collectives import Collectives

@@ -14,32 +14,22 @@ own step, as Orbax's atomicity strategies are:
 """
 from __future__ import annotations
 
-import re
+import os
 import shutil
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from ..config import is_url
 from ..errors import CheckpointError, see
 from . import layout, safetensors_io
 from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, check_manifest, manifest_bytes, parse_manifest_json,
                        read_manifest, write_manifest)
 
-URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
 PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds
 # the extras that bring each protocol's fsspec client
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` names an object store (``s3://bucket/run``) rather than a folder.
-
-    Example:
-        >>> is_url("s3://bucket/run"), is_url("runs/exp1")
-        (True, False)
-    """
-    return isinstance(path, str) and URL.match(path) is not None
+_AUTO_NAME = layout._AUTO_NAME  # checkpoint_N: one pattern for folders and stores
 
 
 class Folder:
@@ -67,8 +57,6 @@ class Folder:
         return safetensors_io.write(path, arrays, live=live)
 
     def prepare(self, staging: str) -> None:
-        import os
-
         os.makedirs(staging, exist_ok=True)
 
     def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
@@ -80,16 +68,12 @@ class Folder:
         shutil.rmtree(staging, ignore_errors=True)
 
     def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
-        import os
-
         parent = os.path.dirname(os.path.abspath(final))
         layout.remove_stale_temporaries(parent)
         if automatic:
             layout.apply_retention(parent, total_limit, keep=final)
 
     def has_manifest(self, directory: str) -> bool:
-        import os
-
         return os.path.isfile(os.path.join(directory, MANIFEST))
 
     def read_manifest(self, directory: str) -> Dict[str, Any]:
@@ -113,12 +97,16 @@ class ObjectStore:
 
     def numbered(self, folder: str) -> List[Tuple[int, str]]:
         """Committed ``checkpoint_N`` prefixes (their manifest exists), by N."""
-        names = self._names(folder)
+        return self._committed(folder, self._names(folder))
+
+    def _committed(self, folder: str, names: List[str]) -> List[Tuple[int, str]]:
+        """The committed ones among the entries ``names`` of ``folder``, by N."""
         found = []
         for name in names:
             match = _AUTO_NAME.match(name)
-            if match and self.has_manifest(f"{folder.rstrip('/')}/{name}"):
-                found.append((int(match.group(1)), f"{folder.rstrip('/')}/{name}"))
+            path = f"{folder.rstrip('/')}/{name}"
+            if match and self.has_manifest(path):
+                found.append((int(match.group(1)), path))
         return sorted(found)
 
     def highest_number(self, folder: str) -> Optional[int]:
@@ -172,9 +160,10 @@ class ObjectStore:
             return
         folder, name = final.rstrip("/").rsplit("/", 1)
         newest = int(_AUTO_NAME.match(name).group(1))  # type: ignore[union-attr]
-        committed = self.numbered(folder)
+        names = self._names(folder)  # one listing for both: nothing else writes here meanwhile (one run per prefix)
+        committed = self._committed(folder, names)
         complete = {n for n, _ in committed}
-        for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, self._names(folder)) if m]:
+        for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, names) if m]:
             if n < newest and n not in complete:
                 self.discard(f"{folder}/checkpoint_{n}")
         excess = len(committed) - (total_limit or len(committed))
