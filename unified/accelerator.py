@@ -663,10 +663,7 @@ class Accelerator(AccelerateSurface):
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
         if if_exists:
-            target = self._checkpoints.load_target(input_dir)  # on every process: nowhere to look raises everywhere
-            if not self._collectives.broadcast_json(
-                    self._checkpoints.has_checkpoint(*target) if self.is_main_process else None,
-                    operation="load_state (is there a checkpoint?)"):
+            if not self._checkpoints.has_checkpoint(input_dir):
                 return None
         directory = self._checkpoints.resolve_load_dir(input_dir)
         self._checkpoints.load(directory, lambda: self._run_load_state_pre_hooks(directory))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import uuid
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "restart_count", "cluster_local_process", "visible_gpus",
            "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
@@ -20,6 +21,7 @@ BACKEND_VARIABLE = "UNIFIED_BACKEND"
 LAUNCHER_BACKEND_VARIABLE = "UNIFIED_LAUNCHER_BACKEND"
 # The attempt `unified launch --max-restarts` is on (0 for the first); torchrun's own is read too.
 RESTART_VARIABLE = "UNIFIED_RESTART_COUNT"
+RUN_VARIABLE = "UNIFIED_RUN_ID"  # set once per `unified launch`, kept across its restarts (checkpoint.lease)
 
 
 def restart_count(environ: Optional[Mapping[str, str]] = None) -> int:
@@ -189,3 +191,23 @@ def local_device_share(local_index: int, local_count: int, gpus: int) -> Optiona
         return None
     share = gpus // local_count
     return list(range(local_index * share, (local_index + 1) * share))
+
+
+_THIS_PROCESS_RUN = uuid.uuid4().hex
+
+
+def run_identity() -> str:
+    """What names this job across restarts: `unified launch`'s run id, torchrun's, SLURM's job
+    and step ids (kept by a requeue; two ``srun`` steps of one job are two runs), else this
+    process's own.
+
+    Example:
+        >>> isinstance(run_identity(), str)    # 'UNIFIED_RUN_ID=3f2a...' under `unified launch`
+        True
+    """
+    for name in (RUN_VARIABLE, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        value = os.environ.get(name)
+        if value and value != "none":
+            step = os.environ.get("SLURM_STEP_ID", "") if name == "SLURM_JOB_ID" else ""
+            return f"{name}={value}" + (f".{step}" if step else "")
+    return _THIS_PROCESS_RUN

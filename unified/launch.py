@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
-from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, RESTART_VARIABLE, ProcessEnvironment
+from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, RESTART_VARIABLE, RUN_VARIABLE, ProcessEnvironment, run_identity
 from .errors import see
 from .logging import PROGRESS_INTERVAL
 from .parent_watch import PARENT_VARIABLE, watched
@@ -600,6 +600,8 @@ def launch(args: argparse.Namespace) -> int:
     launcher: Launcher = load_object(backend_spec(backend).launcher)
     max_restarts = getattr(args, "max_restarts", 0)
     attempt = 0
+    # one identity for every attempt: a restarted job takes over its own lease on a store (checkpoint.lease)
+    os.environ.setdefault(RUN_VARIABLE, run_identity())  # SLURM's job and step when there: a requeue is the same job
     while True:
         port = args.main_process_port
         if port is None:  # a fresh port for every attempt: the last one's may linger in TIME_WAIT

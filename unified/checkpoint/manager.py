@@ -26,10 +26,10 @@ from ..config import checkpoint_location, is_url
 from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
-from . import codec, layout, lock, safetensors_io
+from . import codec, layout, lease, lock, safetensors_io
 from .manifest import check_file_name
 from .safetensors_io import verify_file
-from .store import location_of
+from .store import ObjectStore, location_of
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -247,6 +247,7 @@ class CheckpointManager:
         self.sharding: Optional[ShardedArrays] = backend if isinstance(backend, ShardedArrays) else None
         self.sharded_dir = f"sharded.{self.sharding.sharded_format}" if self.sharding else None
         self._lock_key: Optional[str] = None  # main process: the checkpoint folder it holds
+        self._lease: Optional[lease.Lease] = None  # main process: the store prefix it holds
         self._held_folder: Optional[str] = None
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
@@ -328,14 +329,14 @@ class CheckpointManager:
             if output_dir is not None:
                 raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
-            if not is_url(folder):  # an object store has no lock: one run per prefix (docs/object-storage.md)
+            if is_url(folder):
+                self._hold_store(config.project_dir)
+            else:
                 self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
-            iteration = config.iteration
-            highest = location_of(folder).highest_number(folder) if self.backend.process_index == 0 else None
-            if highest is not None and iteration <= highest:
-                iteration = highest + 1  # never collide with an existing checkpoint_N
-            config.iteration = self.collectives.broadcast_json(iteration, operation="save_state (name)")
+            highest = self._decided_by_main("save_state (name)", folder, lambda: location_of(folder).highest_number(folder))
+            if highest is not None and config.iteration <= highest:
+                config.iteration = highest + 1  # never collide with an existing checkpoint_N
             return layout.automatic_dir(config.project_dir, config.iteration)
         target = output_dir if output_dir is not None else config.project_dir
         if target is None:
@@ -344,10 +345,26 @@ class CheckpointManager:
                 "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
         target = checkpoint_location(target)
-        refusal = location_of(target).refusal(target)
+        refusal = self._decided_by_main("save_state (may it write here?)", target, lambda: location_of(target).refusal(target))
         if refusal:
             raise CheckpointError(f"{target}: refusing to save here: {refusal}" + see("refusing-to-save-here"))
         return target
+
+    def _decided_by_main(self, operation: str, where: str, decide: Callable[[], Any]) -> Any:
+        """``decide()`` (a look at the checkpoint folder or store: a JSON value) on the main
+        process, its answer on every process: the processes cannot disagree, a store gets one
+        request instead of one per process, and when the look fails (a store out of reach) every
+        process raises `CheckpointError` at once instead of waiting for the main one."""
+        answer: Optional[Dict[str, Any]] = None
+        if self.backend.process_index == 0:
+            try:
+                answer = {"value": decide()}
+            except (OSError, CheckpointError) as err:
+                answer = {"error": str(err)}
+        answer = self.collectives.broadcast_json(answer, operation=operation)
+        if "error" in answer:
+            raise CheckpointError(f"{where}: {operation} failed on process 0: {answer['error']}" + see("store-listing-failed"))
+        return answer["value"]
 
     def _hold_folder(self, folder: str) -> None:
         """The main process locks the checkpoint folder for this run (once); every process learns
@@ -362,6 +379,25 @@ class CheckpointManager:
         if failed:
             raise CheckpointError(f"process {failed[0]}: {failed[1]}" + see("folder-in-use"))
         self._held_folder = folder
+
+    def _hold_store(self, project_dir: str) -> None:
+        """The main process holds the lease of the store's prefix for this run (`lease`), taken at
+        the first save and renewed at every save; every process learns at once when another
+        live run holds it or this run lost it. Stores whose client cannot write conditionally
+        get no lease (docs/object-storage.md)."""
+        def hold() -> None:
+            if self._lease is not None and self._held_folder == project_dir:
+                self._lease.check()
+                return
+            self.release_folder()
+            fs = ObjectStore(project_dir).fs
+            if lease.supported(fs):
+                self._lease = lease.Lease.acquire(fs, project_dir)
+
+        failed = self._on_main_process("save_state (lease)", hold, lambda err: err)
+        if failed:
+            raise CheckpointError(f"process {failed[0]}: {failed[1]}" + see("store-in-use"))
+        self._held_folder = project_dir
 
     def _on_main_process(self, operation: str, action: Callable[[], None],
                          failure_of: Callable[[OSError], BaseException]) -> Optional[Tuple[int, str]]:
@@ -383,7 +419,9 @@ class CheckpointManager:
         """Unlock the folder this run held (`end_training`)."""
         if self._lock_key is not None:
             lock.release(self._lock_key)
-        self._lock_key, self._held_folder = None, None
+        if self._lease is not None:
+            self._lease.release()
+        self._lock_key, self._lease, self._held_folder = None, None, None
 
     def safe_snapshot(self, iteration: int, detach: bool = False, skip: Collection[str] = ()) -> Snapshot:
         """`snapshot` on every process, failing on every process when it fails on any."""
@@ -610,7 +648,12 @@ class CheckpointManager:
         except (OSError, CheckpointError):
             location.discard(tmp)
             raise
-        location.after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit)
+        try:
+            location.after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit)
+        except OSError as err:  # the checkpoint is committed: say so, not "not committed"
+            raise CheckpointError(f"save_state({final!r}) committed the checkpoint, but removing older ones "
+                                  f"(total_limit) or what crashed saves left failed: {err}. The next save tries again."
+                                  + see("save-failed")) from err
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
                                    snap: Snapshot) -> None:
@@ -673,28 +716,35 @@ class CheckpointManager:
             return {}
         return {name: dict(identity) for name, identity in saved.items() if isinstance(identity, dict)}
 
-    @staticmethod
-    def has_checkpoint(folder: str, automatic: bool) -> bool:
+    def has_checkpoint(self, input_dir: Optional[str]) -> bool:
         """Whether `load_target`'s answer holds a checkpoint to load (`load_state(if_exists=True)`):
         a complete automatically named one, or a ``manifest.json`` (or a checkpoint a save set
-        aside, which `resolve_load_dir` puts back) in the folder; never a collective."""
+        aside, which `resolve_load_dir` puts back) in the folder. Collective: the main process
+        looks, every process gets its answer (or raises when it could not look)."""
+        folder, automatic = self.load_target(input_dir)  # on every process: nowhere to look raises everywhere
         location = location_of(folder)
-        if automatic:
-            return bool(location.numbered(folder))
-        return location.has_manifest(folder) or (location.atomic_replace and layout.set_aside_exists(folder))
+
+        def look() -> bool:
+            if automatic:
+                return bool(location.numbered(folder))
+            return location.has_manifest(folder) or (location.atomic_replace and layout.set_aside_exists(folder))
+
+        return self._decided_by_main("load_state (is there a checkpoint?)", folder, look)
 
     def resolve_load_dir(self, input_dir: Optional[str]) -> str:
         """The directory `load` reads (collective when it may first have to repair one)."""
         target, automatic = self.load_target(input_dir)
         location = location_of(target)
         if automatic:
-            found = location.numbered(target)
-            if not found:
+            newest = self._decided_by_main("load_state (newest)", target,
+                                           lambda: ([None] + [path for _, path in location.numbered(target)])[-1])
+            if newest is None:
                 raise CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
-            return found[-1][1]
+            return newest
         if location.atomic_replace:  # a folder: a save may have set the old checkpoint aside
             self._recover(target)
-        if input_dir is None and not location.has_manifest(target):
+        if input_dir is None and not self._decided_by_main("load_state (is there a manifest?)", target,
+                                                           lambda: location.has_manifest(target)):
             raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
                              "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("load-needs-directory"))
         return target
@@ -749,7 +799,7 @@ class CheckpointManager:
         self._restore_rng(rng, manifest)
         if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
             folder = os.path.join(self.config.project_dir, layout.CHECKPOINTS)
-            highest = location_of(folder).highest_number(folder)
+            highest = self._decided_by_main("load_state (next number)", folder, lambda: location_of(folder).highest_number(folder))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
 

@@ -14,9 +14,10 @@ own step, as Orbax's atomicity strategies are:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -83,9 +84,33 @@ class Folder:
         return safetensors_io.read(path, size, checksum)
 
 
+class StoreError(OSError):
+    """An object store could not be reached or refused a request once its client's retries were
+    spent; an `OSError`, so that a save reports it from every process like a full disk."""
+
+
+@contextlib.contextmanager
+def _reaching(url: str, doing: str, error: type = StoreError) -> Iterator[None]:
+    """Turn whatever the store's client raises (botocore, aiohttp, google-api errors...) into an
+    ``error`` naming ``url``: a `StoreError` while saving (the save path shares an `OSError` of
+    any process with every other), a `CheckpointError` while loading (what a failed load raises).
+    An exception they did not expect on one process would leave the others waiting at the next
+    collective."""
+    try:
+        yield
+    except (CheckpointError, FileNotFoundError, StoreError):
+        raise
+    except Exception as err:
+        raise error(f"{url}: {doing} failed after the storage client's retries ({type(err).__name__}: {err}). "
+                    "Check the endpoint, credentials and network; no checkpoint was changed."
+                    + see("object-storage-unreachable")) from err
+
+
 class ObjectStore:
     """Checkpoints under an fsspec URL. Credentials and endpoint come from where the client
-    library looks (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/config``...)."""
+    library looks (for S3: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``~/.aws/config``...).
+    Transient errors are retried by the client (s3fs and botocore: with backoff); what is left
+    is raised as a `StoreError` naming the object."""
 
     atomic_replace = False
 
@@ -117,7 +142,8 @@ class ObjectStore:
         path = self._path(folder)
         self.fs.invalidate_cache(path)  # other processes and runs write here: never a cached listing
         try:
-            entries = self.fs.ls(path, detail=False)
+            with _reaching(folder, "listing"):
+                entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
         return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries]
@@ -141,16 +167,21 @@ class ObjectStore:
     def write(self, path: str, arrays: Mapping[str, Any], live: bool) -> Dict[str, object]:
         """Stream one file to the store (a multipart upload of `PART_BYTES` parts), hashed as it goes."""
         del live  # every chunk is hashed and then written from the same bytes: what is hashed is what is sent
-        with self.fs.open(self._path(path), "wb", block_size=PART_BYTES) as handle:
+        with _reaching(path, "writing"), self.fs.open(self._path(path), "wb", block_size=PART_BYTES) as handle:
             return safetensors_io.write_stream(handle, arrays)
 
     def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
-        self.fs.pipe_file(self._path(f"{final.rstrip('/')}/{MANIFEST}"), manifest_bytes(body))
+        url = f"{final.rstrip('/')}/{MANIFEST}"
+        with _reaching(url, "writing the manifest (the commit)"):
+            self.fs.pipe_file(self._path(url), manifest_bytes(body))
 
     def discard(self, staging: str) -> None:
+        """Delete what a save wrote under ``staging``, as far as the store lets it: what is left
+        has no manifest (never loaded), and a later automatic save deletes it."""
         try:
-            self.fs.rm(self._path(staging), recursive=True)
-        except FileNotFoundError:
+            with _reaching(staging, "deleting"):
+                self.fs.rm(self._path(staging), recursive=True)
+        except (FileNotFoundError, StoreError):
             pass
 
     def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
@@ -166,6 +197,7 @@ class ObjectStore:
         for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, names) if m]:
             if n < newest and n not in complete:
                 self.discard(f"{folder}/checkpoint_{n}")
+        self._abort_abandoned_uploads(folder, newest)
         excess = len(committed) - (total_limit or len(committed))
         for n, path in committed:
             if excess <= 0:
@@ -174,29 +206,63 @@ class ObjectStore:
                 self.discard(path)
                 excess -= 1
 
+    def _abort_abandoned_uploads(self, folder: str, newest: int) -> None:
+        """Abort the multipart uploads a crashed save began under ``checkpoint_N`` (N up to
+        ``newest``: a crash that left no object lets the next save take its number) and never
+        completed: they hold no object, so no listing shows them, but the store keeps (and
+        bills) their parts until they are aborted. Every upload of this run's saves is complete
+        by now (saves to a store are synchronous; one run per prefix). Only where the client can
+        list them (S3); best effort: a later save tries again."""
+        call = getattr(self.fs, "call_s3", None)
+        if call is None:
+            return
+        bucket, _, prefix = self._path(folder).rstrip("/").partition("/")
+        prefix = f"{prefix}/" if prefix else ""
+        try:
+            with _reaching(folder, "listing unfinished uploads"):
+                page: Dict[str, Any] = {}
+                while True:
+                    listed = call("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **page)
+                    for upload in listed.get("Uploads", []):
+                        match = _AUTO_NAME.match(upload["Key"][len(prefix):].split("/", 1)[0])
+                        if match and int(match.group(1)) <= newest:
+                            call("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                    if not listed.get("IsTruncated"):
+                        return
+                    page = {"KeyMarker": listed["NextKeyMarker"], "UploadIdMarker": listed["NextUploadIdMarker"]}
+        except StoreError:
+            pass
+
     def has_manifest(self, directory: str) -> bool:
-        return bool(self.fs.exists(self._path(f"{directory.rstrip('/')}/{MANIFEST}")))
+        url = f"{directory.rstrip('/')}/{MANIFEST}"
+        with _reaching(url, "looking up"):
+            return bool(self.fs.exists(self._path(url)))
 
     def read_manifest(self, directory: str) -> Dict[str, Any]:
         url = f"{directory.rstrip('/')}/{MANIFEST}"
         try:
-            size = self.fs.size(self._path(url))
+            with _reaching(url, "reading", CheckpointError):
+                size = self.fs.size(self._path(url))
         except FileNotFoundError as err:
             raise CheckpointError(f"{url}: missing; this prefix holds no complete checkpoint." + see("manifest-missing")) from err
         if size > MAX_MANIFEST_BYTES:
             raise CheckpointError(f"{url}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it." + see("manifest-too-large"))
-        return check_manifest(parse_manifest_json(self.fs.cat_file(self._path(url)), url), directory)
+        with _reaching(url, "reading", CheckpointError):
+            text = self.fs.cat_file(self._path(url))
+        return check_manifest(parse_manifest_json(text, url), directory)
 
     def read(self, path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
         """Stream one file from the store into private arrays, verified (see `safetensors_io.read_stream`)."""
         try:
-            actual = self.fs.size(self._path(path))
+            with _reaching(path, "reading", CheckpointError):
+                actual = self.fs.size(self._path(path))
         except FileNotFoundError as err:
             raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
                                   + see("cannot-open-file")) from err
         if actual != size:
             raise safetensors_io.size_mismatch(path, actual, size)
-        with self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none") as handle:
+        with _reaching(path, "reading", CheckpointError), \
+                self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none") as handle:
             return safetensors_io.read_stream(handle, path, size, checksum)
 
 

@@ -62,5 +62,34 @@ def store_checkpoints(state: dict) -> dict:
         result["refused"] = str(err)
     acc.load_state(explicit)
     result["hash_after_refusal"] = run.param_hash()
+    result.update(_store_out_of_reach_on_one_process(acc, run, root, explicit))
     acc.end_training()
     return result
+
+
+def _store_out_of_reach_on_one_process(acc: Accelerator, run, root: str, previous: str) -> dict:
+    """The last process's requests go through a proxy that drops the connection of every upload
+    (retried by the client, then given up): the save raises `CheckpointError` on every process
+    (none is left waiting), nothing is committed, and ``previous`` still loads exactly."""
+    from .object_store import FaultyEndpoint, requests_through
+
+    before = run.param_hash()
+    run.step()
+    target = f"{root}/out-of-reach"
+    failing = acc.process_index == acc.num_processes - 1
+    with FaultyEndpoint(os.environ["AWS_ENDPOINT_URL"]) as faulty, \
+            requests_through(faulty.endpoint if failing else os.environ["AWS_ENDPOINT_URL"], max_attempts=2):
+        faulty.fail(None, status=None, method="PUT")
+        try:
+            acc.save_state(target)
+            error = None
+        except CheckpointError as err:
+            error = str(err)
+    committed = None
+    if acc.is_main_process:
+        from unified.checkpoint.store import ObjectStore
+
+        committed = ObjectStore(target).has_manifest(target)
+    acc.load_state(previous)
+    return {"unreachable_error": error, "unreachable_committed": committed, "unreachable_injected": len(faulty.injected),
+            "hash_before_unreachable": before, "hash_after_unreachable": run.param_hash()}

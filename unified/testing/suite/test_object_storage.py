@@ -40,3 +40,18 @@ def test_a_url_that_holds_a_checkpoint_is_refused_on_every_process_and_stays_loa
     for r in stored.scenario(store_checkpoints):
         assert r["refused"] is not None and "cannot replace one atomically" in r["refused"]
         assert r["hash_after_refusal"] == r["hash_explicit"]
+
+
+def test_a_store_out_of_reach_on_one_process_fails_the_save_on_every_process_and_commits_nothing(stored):
+    rows = stored.scenario(store_checkpoints)
+    last = len(rows) - 1
+    assert rows[0]["unreachable_committed"] is False
+    for rank, r in enumerate(rows):
+        # every process raised (none waited for the failing one), naming that process's object
+        assert r["unreachable_error"] is not None and "failed and was not committed" in r["unreachable_error"]
+        assert f"process {last}" in r["unreachable_error"] and "out-of-reach/" in r["unreachable_error"]
+        assert "after the storage client's retries" in r["unreachable_error"]
+        if rank != last:
+            assert r["unreachable_injected"] == 0  # its requests went straight to the store
+        assert r["hash_after_unreachable"] == r["hash_before_unreachable"] == r["hash_explicit"]
+    assert rows[last]["unreachable_injected"] >= 2  # the client retried before it gave up
