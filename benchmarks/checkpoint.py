@@ -80,7 +80,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -521,14 +521,25 @@ def _resume(args: argparse.Namespace, ours: Any, before: Callable[[], Any], base
             baseline.save_state(args.save_to + ".baseline")
         return {}
     if args.resume_as == "baseline":
-        return {"seconds": _timed(lambda: baseline.load_state(args.resume_from + ".baseline"))}
+        return _measured(lambda: baseline.load_state(args.resume_from + ".baseline"))
     if args.resume_as == "raw readinto (limit)":
         read = _raw_reader(args.resume_from)  # its buffers are allocated and touched here, untimed
-        return {"seconds": _timed(read)}
-    if args.resume_as == "ours (private reads)":
-        return {"seconds": _timed(lambda: ours.load_state(args.resume_from))}
+        return _measured(read)
+    if args.resume_as in ("ours", "ours before issue 29 (fresh memory)"):  # the latter: UNIFIED_IN_PLACE_MIN_BYTES
+        return _measured(lambda: ours.load_state(args.resume_from))
     with before(), _Patched((safetensors_io, "read", _mapped_read)):
-        return {"seconds": _timed(lambda: ours.load_state(args.resume_from))}
+        return _measured(lambda: ours.load_state(args.resume_from))
+
+
+def _measured(fn: Callable[[], Any]) -> Dict[str, float]:
+    """``fn``'s seconds, and its peak RSS beyond the live state: the peak during the call above
+    the larger of the memory before and after it (`PeakMemory`'s kernel-exact ``VmHWM``, with no
+    sampling thread beside the timed call)."""
+    from memory import status_bytes
+
+    with PeakMemory(anonymous=False) as memory:
+        seconds = _timed(fn)
+    return {"seconds": seconds, "peak": float(memory.peak - max(memory.before, status_bytes("VmRSS")))}
 
 
 def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
@@ -764,13 +775,16 @@ def _load_table(results: List[Dict[str, Any]], key: str) -> List[str]:
         if not loads:
             continue
         limit = statistics.median(loads["samples"]["raw readinto (limit)"])
+        peaks = loads.get("peaks", {})
         for name, values in loads["samples"].items():
+            peak = f"{statistics.median(peaks[name]) / MB:,.0f} ({max(peaks[name]) / MB:,.0f})" if peaks.get(name) else "-"
             rows.append([f"{res['framework']} ({loads['bytes'] / GB:.2f} GB)", name, len(values),
-                         *spread(values, limit, spread_digits=1, ratio_digits=2)])
+                         *spread(values, limit, spread_digits=1, ratio_digits=2), peak])
         rows.append(["", "samples (s)", json.dumps({n: [round(x, 3) for x in v] for n, v in loads["samples"].items()}),
-                     "", "", "", "", ""])
-    header = ["framework", "load of", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)", "median / limit"]
-    return table(header, "llrrrrrr", rows).splitlines() if rows else []
+                     "", "", "", "", "", ""])
+    header = ["framework", "load of", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)", "median / limit",
+              "peak RSS beyond the live state, median (max), MB"]
+    return table(header, "llrrrrrrr", rows).splitlines() if rows else []
 
 
 NAMES = {"ours": "ours", "accelerate": "Accelerate", "orbax": "Orbax (default: zstd)",
@@ -888,8 +902,8 @@ def report(results: List[Dict[str, Any]]) -> str:
     return "\n".join((lines if len(lines) > 2 else []) + extra)
 
 
-def _run_part(cmd: List[str], part: str) -> Dict[str, Any]:
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+def _run_part(cmd: List[str], part: str, env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
     found = [line for line in proc.stdout.splitlines() if line.startswith(MARKER)]
     if proc.returncode != 0 or not found:
         sys.exit(f"{part} part failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
@@ -900,18 +914,26 @@ def _resume_rounds(cmd: List[str], part: str, directory: str, rounds: int) -> Di
     """Save once, then ``rounds`` rounds (rotated order) of one process per contender that builds
     the objects and times one load (`_resume`)."""
     _run_part(cmd + ["--save-to", directory], part)
-    names = ["raw readinto (limit)", "ours (private reads)", "before: mapped files"] + (["baseline"] if part == "torch" else [])
+    names = ["raw readinto (limit)", "ours", "ours before issue 29 (fresh memory)", "before: mapped files"] + \
+        (["baseline"] if part == "torch" else [])
+    # the loads before issue 29 read every array into fresh memory (no array is large enough to place)
+    fresh = {"UNIFIED_IN_PLACE_MIN_BYTES": str(1 << 62)}
     samples: Dict[str, List[float]] = {name: [] for name in names}
+    peaks: Dict[str, List[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(_run_part(cmd + ["--resume-from", directory, "--resume-as", name], part)["seconds"])
-        _log(f"  resume round {r}: " + ", ".join(f"{n} {samples[n][-1]:.3f}s" for n in names))
+            got = _run_part(cmd + ["--resume-from", directory, "--resume-as", name], part,
+                            fresh if "before" in name else None)
+            samples[name].append(got["seconds"])
+            peaks[name].append(got["peak"])
+        _log(f"  resume round {r}: " + ", ".join(f"{n} {samples[n][-1]:.3f}s {peaks[n][-1] / MB:,.0f} MB" for n in names))
     size = sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
     _clean(directory)
     _clean(directory + ".baseline")
     if "baseline" in samples:
         samples["accelerate (baseline)"] = samples.pop("baseline")
-    return {"samples": samples, "bytes": size}
+        peaks["accelerate (baseline)"] = peaks.pop("baseline")
+    return {"samples": samples, "peaks": peaks, "bytes": size}
 
 
 def main() -> None:

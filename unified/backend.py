@@ -151,6 +151,18 @@ class Backend(abc.ABC):
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
 
+    def writable_host_bytes(self, value: Any) -> Any:
+        """A writable C-contiguous uint8 NumPy view of the memory of ``value``, one of this
+        framework's arrays, when it lives in this process's host memory and may be written in
+        place (a load then reads the checkpoint straight into it: no second copy of the state);
+        None otherwise (the default: arrays the framework does not let one write, as JAX's).
+
+        Example:
+            >>> backend.writable_host_bytes(torch.ones(2))   # torch: the tensor's 8 bytes
+            array([0, 0, 128, 63, 0, 0, 128, 63], dtype=uint8)
+        """
+        return None
+
     def describe_array(self, value: Any) -> Tuple[str, Tuple[int, ...]]:
         """``(safetensors dtype, shape)`` that `export_array` would give, ideally without a copy
         (checkpoints check them against the file before restoring anything)."""

@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "restart_count", "cluster_local_process", "visible_gpus",
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "IN_PLACE_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
            "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
@@ -21,6 +21,7 @@ BACKEND_VARIABLE = "UNIFIED_BACKEND"
 LAUNCHER_BACKEND_VARIABLE = "UNIFIED_LAUNCHER_BACKEND"
 # The attempt `unified launch --max-restarts` is on (0 for the first); torchrun's own is read too.
 RESTART_VARIABLE = "UNIFIED_RESTART_COUNT"
+IN_PLACE_VARIABLE = "UNIFIED_IN_PLACE_MIN_BYTES"  # loads read arrays this large into place (checkpoint.manager)
 RUN_VARIABLE = "UNIFIED_RUN_ID"  # set once per `unified launch`, kept across its restarts (checkpoint.lease)
 
 

@@ -248,6 +248,17 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
     def describe_array(self, value: Any):
         return _storable(value.dtype), tuple(value.shape)
 
+    def writable_host_bytes(self, value: Any) -> Optional[np.ndarray]:
+        """A plain tensor's (or parameter's) own bytes when it is a contiguous CPU tensor of a
+        dtype checkpoints store; None for a DTensor, another device, a view with gaps."""
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) or value.device.type != "cpu" \
+                or not value.is_contiguous() or value.is_conj() or value.is_neg():
+            return None
+        try:
+            return _exported(value.detach())[2]
+        except (TypeError, ValueError, RuntimeError):  # a dtype checkpoints do not store
+            return None
+
     # -- training objects ------------------------------------------------------------------------------
     def prepare(self, obj: Any):
         if isinstance(obj, torch.nn.Module):

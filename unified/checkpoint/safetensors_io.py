@@ -144,16 +144,24 @@ def write_stream(handle: Any, arrays: Mapping[str, Exported], chunk: int = _LIVE
 
 
 def read_stream(handle: Any, path: str, size: int, checksum: str, chunk: int = _READ_CHUNK) -> Dict[str, np.ndarray]:
+    """`read_stream_placed` without places: every array in fresh memory."""
+    return read_stream_placed(handle, path, size, checksum, {}, chunk)[0]
+
+
+def read_stream_placed(handle: Any, path: str, size: int, checksum: str, into: Mapping[str, np.ndarray],
+                       chunk: int = _READ_CHUNK) -> Tuple[Dict[str, np.ndarray], List[str]]:
     """`read` from a binary file object read in order (an object store's download): the header,
     then each array's bytes straight into its private memory, every chunk hashed as it arrives;
     ``size`` is the object's size, already compared with the manifest's. Raises `CheckpointError`
     naming ``path`` when the stream ends early, the file is not well-formed or its checksum differs.
+    The arrays named in ``into`` are read into the memory given there, as `read_placed` does.
 
     Example:
         >>> with open("model.safetensors", "rb") as f:
-        ...     arrays = read_stream(f, "model.safetensors", 140, "0123456789abcdef")
+        ...     arrays, placed = read_stream_placed(f, "model.safetensors", 140, "0123456789abcdef", {})
     """
     digest = xxhash.xxh3_64()
+    placing = Placing(into)
 
     def exact(count: int) -> bytes:
         data = handle.read(count)
@@ -164,7 +172,7 @@ def read_stream(handle: Any, path: str, size: int, checksum: str, chunk: int = _
         return data
 
     length = _header_length(exact(min(8, size)), size - 8, path)
-    arrays, spans = _allocate(exact(length), size - 8 - length, path)
+    arrays, spans = placing.lay_out(exact(length), size - 8 - length, path)
     for _, array in spans:  # _lay_out checked that the arrays tile the data section: in order, no gaps
         view = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else memoryview(b"")
         for start in range(0, len(view), chunk):
@@ -181,7 +189,65 @@ def read_stream(handle: Any, path: str, size: int, checksum: str, chunk: int = _
             digest.update(part)
     if digest.hexdigest() != checksum:
         raise checksum_mismatch(path)
-    return arrays
+    return placing.fresh(arrays), placing.placed
+
+
+def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """``{name: (safetensors dtype, shape)}`` of every array of a safetensors file of ``size``
+    bytes, from its header alone (checked as `read` checks it); ``read_at(offset, count)``
+    returns the file's bytes there.
+
+    Example:
+        >>> with open("model.safetensors", "rb") as f:
+        ...     describe(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
+        {'w': ('F32', (3,))}
+    """
+    length = _header_length(read_at(0, min(8, size)), size - 8, path)
+    header = read_at(8, length)
+    if len(header) != length:
+        raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
+    described: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
+
+    def note(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> None:
+        described[key] = (safetensors_dtype(dtype), tuple(shape))
+
+    _lay_out(header, size - 8 - length, path, note)
+    return described
+
+
+def describe_file(path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+    """`describe` of a regular file (never a link, FIFO or device)."""
+    fd = _open_for_reading(path)
+    try:
+        return describe(lambda at, count: os.pread(fd, count, at), path, size)
+    finally:
+        os.close(fd)
+
+
+class Placing:
+    """Where `read_placed` and `read_stream_placed` put each array: the memory ``into`` gives for
+    its name when that is a writable contiguous uint8 view of exactly its bytes, else fresh
+    private memory (`_private_array`). ``placed``: the names read into place."""
+
+    def __init__(self, into: Mapping[str, np.ndarray]) -> None:
+        self.into = into
+        self.placed: List[str] = []
+
+    def lay_out(self, header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.ndarray], List[Tuple[int, np.ndarray]]]:
+        arrays, starts = _lay_out(header, data_size, path, self._make)
+        return arrays, _in_file_order(arrays, starts)
+
+    def _make(self, key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> np.ndarray:
+        target = self.into.get(key)
+        if (target is not None and target.dtype == np.uint8 and target.flags.c_contiguous and target.flags.writeable
+                and target.nbytes == math.prod(shape) * dtype.itemsize):
+            self.placed.append(key)
+            return target
+        return _private_array(dtype, shape)
+
+    def fresh(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        placed = set(self.placed)
+        return {key: array for key, array in arrays.items() if key not in placed}
 
 
 def _layout(specs: Mapping[str, Tuple[str, Sequence[int], int]], metadata: Mapping[str, str] = ()
@@ -300,7 +366,8 @@ def size_mismatch(path: str, actual: int, size: int) -> CheckpointError:
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
-    """Read and verify one file; returns writable NumPy arrays, each in private memory of its own.
+    """Read and verify one file; returns writable NumPy arrays, each in private memory of its own
+    (`read_placed` without places).
 
     One pass over the bytes: the header is read and checked first, then every array gets fresh
     memory of this process (`_private_array`) and the data is read straight into it, each chunk
@@ -311,6 +378,22 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     `CheckpointError` naming the file when it is missing, not a regular file (a link, FIFO,
     device...), of another size, ends while it is read, fails its checksum, or is not well-formed.
     """
+    return read_placed(path, size, checksum, {})[0]
+
+
+def read_placed(path: str, size: int, checksum: str, into: Mapping[str, np.ndarray]
+                ) -> Tuple[Dict[str, np.ndarray], List[str]]:
+    """`read`, with the arrays named in ``into`` read straight into the memory given there (a
+    writable contiguous uint8 view of exactly the entry's bytes, such as a live tensor's: see
+    `Placing`); returns the other arrays (fresh memory) and the names read into place. The
+    checksum is compared once the whole file is read: when it fails, the places hold bytes that
+    were not verified, and the caller must say so.
+
+    Example:
+        >>> weight = np.zeros(12, np.uint8)      # the memory of a float32 [3] tensor
+        >>> arrays, placed = read_placed("model.safetensors", 140, "0123456789abcdef", {"w": weight})
+    """
+    placing = Placing(into)
     fd = _open_for_reading(path)
     try:
         actual = os.fstat(fd).st_size
@@ -321,7 +404,7 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
         digest = xxhash.xxh3_64()
         try:
             length, header = _read_header(fd, path, size, digest)
-            arrays, spans = _allocate(header, size - 8 - length, path)
+            arrays, spans = placing.lay_out(header, size - 8 - length, path)
         except CheckpointError as err:  # a damaged file is a checksum mismatch rather than a bad header
             if "file ended" not in str(err) and _whole_file_checksum(fd, size) != checksum:
                 raise checksum_mismatch(path) from err
@@ -331,7 +414,7 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
         os.close(fd)
     if digest.hexdigest() != checksum:
         raise checksum_mismatch(path)
-    return arrays
+    return placing.fresh(arrays), placing.placed
 
 
 def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Optional[np.ndarray]]
@@ -418,13 +501,6 @@ def _private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def _allocate(header: bytes, data_size: int, path: str) -> Tuple[Dict[str, np.ndarray], List[Tuple[int, np.ndarray]]]:
-    """Empty private arrays for the header's entries, and ``(offset in the data section, array)``
-    in file order. At most ``data_size`` bytes are ever allocated, whatever the header says."""
-    arrays, starts = _lay_out(header, data_size, path, lambda key, dtype, shape, start: _private_array(dtype, shape))
-    return arrays, _in_file_order(arrays, starts)
 
 
 def _in_file_order(arrays: Dict[str, np.ndarray], starts: List[int]) -> List[Tuple[int, np.ndarray]]:
@@ -538,23 +614,69 @@ def identity(st: os.stat_result) -> Tuple[int, ...]:
 
 def _hash_file(path: str, size, checksum) -> Tuple[Dict[str, object], Tuple[int, ...]]:
     fd = _open_for_reading(path)
-    digest, total = xxhash.xxh3_64(), 0
-    with os.fdopen(fd, "rb", buffering=0) as handle:
-        actual = os.fstat(handle.fileno()).st_size
+    digest = xxhash.xxh3_64()
+    try:
+        actual = os.fstat(fd).st_size
         if size is not None and actual != size:
             raise size_mismatch(path, actual, size)
-        buffer = bytearray(min(_READ_CHUNK, max(actual, 1)))  # one buffer, reused: no fresh memory per chunk
-        view = memoryview(buffer)
-        while True:
-            count = handle.readinto(view)
-            if not count:
-                break
-            digest.update(view[:count])
-            total += count
-        seen = identity(os.fstat(handle.fileno()))
+        total = _hash_through_ring(fd, actual, digest)
+        seen = identity(os.fstat(fd))
+    finally:
+        os.close(fd)
     if checksum is not None and digest.hexdigest() != checksum:
         raise checksum_mismatch(path)
     return {"size": total, "xxh3": digest.hexdigest()}, seen
+
+
+def _hash_through_ring(fd: int, size: int, digest: Any) -> int:
+    """Hash the open file to its end (``size`` bytes expected; more if it grew), in order,
+    through a ring of _READERS + 1 reused buffers of _READ_CHUNK bytes that up to _READERS
+    threads fill ahead of the hashing (``preadv`` and xxhash release the GIL): bounded memory,
+    and the copy out of the page cache in parallel. Returns the bytes hashed."""
+    chunk = min(_READ_CHUNK, max(size, 1))
+    offsets = list(range(0, size, chunk))
+
+    def fill(buffer: memoryview, at: int) -> int:
+        got = 0
+        while got < len(buffer):
+            more = os.preadv(fd, [buffer[got:]], at + got)
+            if not more:
+                break
+            got += more
+        return got
+
+    total = 0
+    if len(offsets) > 1 and _READERS > 1:
+        ring = [memoryview(bytearray(chunk)) for _ in range(min(_READERS + 1, len(offsets)))]
+        pool = concurrent.futures.ThreadPoolExecutor(_READERS, thread_name_prefix="unified-hash")
+        try:
+            pending = [pool.submit(fill, ring[i], offsets[i]) for i in range(len(ring))]
+            for i in range(len(offsets)):
+                slot = ring[i % len(ring)]
+                got = pending[i].result()
+                digest.update(slot[:got])
+                total += got
+                if got < len(slot[:min(chunk, size - offsets[i])]):
+                    return total  # the file shrank: the caller's size check says so
+                if i + len(ring) < len(offsets):
+                    pending.append(pool.submit(fill, slot, offsets[i + len(ring)]))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    else:
+        buffer = memoryview(bytearray(chunk))
+        while total < size:
+            got = fill(buffer[:min(chunk, size - total)], total)
+            digest.update(buffer[:got])
+            total += got
+            if not got:
+                return total
+    buffer = memoryview(bytearray(1 << 16))
+    while True:  # past the size it had: a file that grew is hashed whole, and fails its checks
+        got = fill(buffer, total)
+        if not got:
+            return total
+        digest.update(buffer[:got])
+        total += got
 
 
 # -- parsing a header that may be hostile ----------------------------------------------------------

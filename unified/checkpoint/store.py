@@ -20,6 +20,7 @@ import shutil
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
+import xxhash
 
 from ..config import is_url
 from ..errors import CheckpointError, see
@@ -82,6 +83,21 @@ class Folder:
 
     def read(self, path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
         return safetensors_io.read(path, size, checksum)
+
+    # -- loads in bounded memory: verify first, then read into the live arrays (see the manager)
+    def verify(self, path: str, size: int, checksum: str) -> Any:
+        """Hash the file in a bounded buffer and compare; returns its identity for `changed`."""
+        return safetensors_io.verify_for_reader(path, size, checksum)
+
+    def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        return safetensors_io.describe_file(path, size)
+
+    def changed(self, path: str, identity: Any) -> bool:
+        return safetensors_io.changed_since(path, identity)
+
+    def read_placed(self, path: str, size: int, checksum: str, into: Mapping[str, np.ndarray]
+                    ) -> Tuple[Dict[str, np.ndarray], List[str]]:
+        return safetensors_io.read_placed(path, size, checksum, into)
 
 
 class StoreError(OSError):
@@ -253,17 +269,58 @@ class ObjectStore:
 
     def read(self, path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
         """Stream one file from the store into private arrays, verified (see `safetensors_io.read_stream`)."""
+        return self.read_placed(path, size, checksum, {})[0]
+
+    def read_placed(self, path: str, size: int, checksum: str, into: Mapping[str, np.ndarray]
+                    ) -> Tuple[Dict[str, np.ndarray], List[str]]:
+        """`read`, with the arrays named in ``into`` streamed into that memory (`safetensors_io.read_stream_placed`)."""
+        self._identity(path, size)
+        with _reaching(path, "reading", CheckpointError), self._open(path) as handle:
+            return safetensors_io.read_stream_placed(handle, path, size, checksum, into)
+
+    def verify(self, path: str, size: int, checksum: str) -> Any:
+        """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag."""
+        identity = self._identity(path, size)
+        digest, buffer = xxhash.xxh3_64(), bytearray(min(PART_BYTES, max(size, 1)))
+        view, total = memoryview(buffer), 0
+        with _reaching(path, "reading", CheckpointError), self._open(path) as handle:
+            while True:
+                count = handle.readinto(view)
+                if not count:
+                    break
+                digest.update(view[:count])
+                total += count
+        if total != size:
+            raise safetensors_io.size_mismatch(path, total, size)
+        if digest.hexdigest() != checksum:
+            raise safetensors_io.checksum_mismatch(path)
+        return identity
+
+    def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        with _reaching(path, "reading", CheckpointError):
+            return safetensors_io.describe(lambda at, count: self.fs.cat_file(self._path(path), start=at, end=at + count),
+                                           path, size)
+
+    def changed(self, path: str, identity: Any) -> bool:
+        try:
+            return self._identity(path, None) != identity
+        except CheckpointError:
+            return True
+
+    def _identity(self, path: str, size: Optional[int]) -> Any:
+        """The object's ETag (a new one for every write), after its size was compared with ``size``."""
         try:
             with _reaching(path, "reading", CheckpointError):
-                actual = self.fs.size(self._path(path))
+                info = self.fs.info(self._path(path), refresh=True)
         except FileNotFoundError as err:
             raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
                                   + see("cannot-open-file")) from err
-        if actual != size:
-            raise safetensors_io.size_mismatch(path, actual, size)
-        with _reaching(path, "reading", CheckpointError), \
-                self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none") as handle:
-            return safetensors_io.read_stream(handle, path, size, checksum)
+        if size is not None and info["size"] != size:
+            raise safetensors_io.size_mismatch(path, info["size"], size)
+        return info.get("ETag") or (info["size"], str(info.get("LastModified")))
+
+    def _open(self, path: str) -> Any:
+        return self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none")
 
 
 def _filesystem(url: str) -> Tuple[Any, str]:

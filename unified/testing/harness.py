@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from unified.environment import BACKEND_VARIABLE
+from unified.environment import BACKEND_VARIABLE, IN_PLACE_VARIABLE
 from unified.launch import Launcher, LaunchPlan, ProcessGroup, Worker, free_port
 from unified.registry import backend_spec, load_object
 
@@ -177,7 +177,9 @@ def run_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_path: 
     workers = _workers(backend, size, targets, local_sizes)
     for worker in workers:
         if worker.process_index is not None:
-            worker.env.update({"UNIFIED_TEST_SHARED": str(tmp_path), **(extra_env or {})})
+            # every array a load can read into place is read so (not only those of 1 MiB and more):
+            # the two-pass load is what the groups check
+            worker.env.update({"UNIFIED_TEST_SHARED": str(tmp_path), IN_PLACE_VARIABLE: "0", **(extra_env or {})})
             worker.env["UNIFIED_TEST_OUT"] = str(out / f"result_{worker.process_index}.json")
     logs = [str(out / (f"log_{w.process_index}.txt" if w.process_index is not None else f"service_{i}.txt"))
             for i, w in enumerate(workers)]
