@@ -352,3 +352,103 @@ def fault_enospc(state: dict) -> dict:
             result["loaded_ok"] = False
         out[case] = result
     return out
+
+
+# -- 12. an object store out of reach on one process -----------------------------------------------------
+@scenario(requires=("TrainingObjects",))
+def fault_store_unreachable(state: dict) -> dict:
+    """One round per case of FAULT_STORE_CASES (``[[victim, kind], ...]``, JSON) on the S3 server
+    named by UNIFIED_TEST_STORE: a good save to ``good_r``, a step, then a save to ``bad_r``
+    while the victim's requests go through a proxy that fails every upload (``drop``: the
+    connection closed without an answer; ``500``: InternalError; ``503``: SlowDown), with the
+    client's retries at 2 attempts; then ``good_r`` is loaded. Reports what each save raised and
+    after how long, whether ``bad_r`` was committed, and the parameters before and after."""
+    from unified.checkpoint.store import ObjectStore
+    from unified.errors import CheckpointError
+    from unified.testing.object_store import FaultyEndpoint, requests_through
+    from unified.testing.storage_scenarios import STORE_VARIABLE
+    from unified.testing.training import make
+
+    root, endpoint = os.environ[STORE_VARIABLE], os.environ["AWS_ENDPOINT_URL"]
+    acc = state["acc"] = Accelerator(timeout=60, seed=7)
+    run = make(acc)
+    answers = {"drop": (None, ""), "500": (500, "InternalError"), "503": (503, "SlowDown")}
+    rounds = []
+    for r, (victim, kind) in enumerate(json.loads(os.environ["FAULT_STORE_CASES"])):
+        run.step()
+        good, bad = f"{root}/good_{r}", f"{root}/bad_{r}"
+        acc.save_state(good)
+        expected = run.param_hash()
+        run.step()
+        status, code = answers[kind]
+        with FaultyEndpoint(endpoint) as faulty, \
+                requests_through(faulty.endpoint if acc.process_index == victim else endpoint, max_attempts=2):
+            faulty.fail(None, status=status, code=code, method="PUT")
+            started = time.monotonic()
+            try:
+                acc.save_state(bad)
+                error = None
+            except CheckpointError as err:
+                error = str(err)
+            elapsed = time.monotonic() - started
+        committed = ObjectStore(bad).has_manifest(bad) if acc.is_main_process else None
+        acc.load_state(good)
+        rounds.append({"error": error, "seconds": elapsed, "committed": committed, "expected": expected,
+                       "loaded": run.param_hash()})
+    acc.end_training()
+    return {"rounds": rounds}
+
+
+# -- 13. the group SIGKILLed while it saves to an object store ---------------------------------------------
+def _store_project_acc(state: dict) -> Accelerator:
+    from unified.testing.storage_scenarios import STORE_VARIABLE
+
+    acc = Accelerator(timeout=60, seed=7, project_config=unified.ProjectConfiguration(
+        f"{os.environ[STORE_VARIABLE]}/project", automatic_checkpoint_naming=True, total_limit=3))
+    state["acc"] = acc
+    return acc
+
+
+@scenario(requires=("TrainingObjects",))
+def fault_store_save_loop(state: dict) -> dict:
+    """Save to the store after every step until the parent kills the group; the main process
+    appends each save's iteration and parameter hash to expected.jsonl before the save."""
+    from unified.testing.training import make
+
+    acc = _store_project_acc(state)
+    run = make(acc)
+    expected = _shared("expected.jsonl")
+    for i in range(100_000):
+        run.step()
+        if acc.is_main_process:
+            with open(expected, "a") as handle:
+                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+        acc.save_state()
+        if i == 0 and acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
+            open(_shared("ready"), "w").close()
+    return {"never": "reached"}
+
+
+@scenario(requires=("TrainingObjects",))
+def fault_store_load_newest(state: dict) -> dict:
+    """After the crash, as the same job restarted (the same UNIFIED_RUN_ID): load the newest
+    committed checkpoint, save once more, and report what is left on the store: prefixes without
+    a manifest below the new one, and unfinished multipart uploads."""
+    from unified.checkpoint.store import ObjectStore
+    from unified.testing.training import make
+
+    acc = _store_project_acc(state)
+    run = make(acc)
+    path = acc.load_state()
+    loaded = run.param_hash()
+    newest = acc.save_state()
+    result = {"path": path, "hash": loaded, "iteration": int(path.rstrip("/").rsplit("_", 1)[1])}
+    if acc.is_main_process:
+        folder = newest.rstrip("/").rsplit("/", 1)[0]
+        store = ObjectStore(folder)
+        names = store._names(folder)
+        result["uncommitted"] = [n for n in names if n.startswith("checkpoint_") and not store.has_manifest(f"{folder}/{n}")]
+        bucket = store._path(folder).split("/", 1)[0]
+        result["unfinished_uploads"] = [u["Key"] for u in store.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])]
+    acc.end_training()
+    return result

@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-11, 100 damage cases
+    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-13, 100 damage cases
     python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
              --seed N --rows 1,2,... --keep --no-picture
@@ -70,6 +70,17 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    by the watchdog with such a reason), every launcher exits non-zero, nothing hangs, and after
    row 10 a new group loads exactly the parameters recorded before the newest checkpoint's save.
    Skipped with the reason where network namespaces cannot be made (needs root).
+12. An object store out of reach on one process: on moto's S3 server started on loopback, all
+   trials in one group of 2 processes; per trial a random victim whose uploads fail through a
+   proxy (`unified.testing.object_store.FaultyEndpoint`: the connection dropped, a 500, or a 503
+   SlowDown, at random; 2 attempts per request). Pass: every process raises `CheckpointError`
+   naming the victim's object, the failed save is not committed, and the previous checkpoint
+   loads exactly. Skipped with the reason without moto and s3fs.
+13. The group SIGKILLed at a random moment (0.2-3 s after the first checkpoint) of a loop that
+   saves to the store after every step (automatic naming). Pass: the same job restarted (the
+   same `UNIFIED_RUN_ID`, so it takes the crashed run's lease over) loads exactly the parameters
+   recorded before the newest committed checkpoint, and its next save leaves no prefix without a
+   manifest and no unfinished multipart upload.
 """
 from __future__ import annotations
 
@@ -245,6 +256,30 @@ def row_train_kill(backend: str, trials: int, rng: random.Random, work: Path, ti
 
 
 # -- 2. the whole group dies during save_state ----------------------------------------------------------------
+def _expected_hashes(shared: Path) -> Dict[int, str]:
+    """iteration -> parameter hash of every save a killed loop began (its expected.jsonl; a
+    line cut by the kill is skipped)."""
+    expected = {}
+    for line in (shared / "expected.jsonl").read_text().splitlines():
+        if line.strip().endswith("}"):
+            entry = json.loads(line)
+            expected[entry["iteration"]] = entry["hash"]
+    return expected
+
+
+def _loaded_as_saved(rows: List[dict], expected: Dict[int, str]) -> List[str]:
+    """What is wrong with the loads after a crash (``rows``: every process's ``iteration`` and
+    ``hash``): a checkpoint never saved, other parameters than were saved, processes that differ."""
+    problems = []
+    if rows[0]["iteration"] not in expected:
+        problems.append(f"loaded iteration {rows[0]['iteration']} was never saved")
+    elif rows[0]["hash"] != expected[rows[0]["iteration"]]:
+        problems.append(f"checkpoint_{rows[0]['iteration']} holds other parameters than were saved")
+    if any(r["hash"] != rows[0]["hash"] for r in rows[1:]):
+        problems.append("the processes loaded different parameters")
+    return problems
+
+
 def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max_delay: float) -> Row:
     row = Row("2 group SIGKILLed during save_state", backend)
     per_mode = {"sync": [0, 0], "async": [0, 0]}
@@ -262,11 +297,7 @@ def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max
             row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
                               f"{_group_failed(crashed, fs.fault_save_loop)}")
             continue
-        expected = {}
-        for line in (shared / "expected.jsonl").read_text().splitlines():
-            if line.strip().endswith("}"):
-                entry = json.loads(line)
-                expected[entry["iteration"]] = entry["hash"]
+        expected = _expected_hashes(shared)
         saves.append(len(expected))
         loaded = run_group(backend, 2, [ckpt_load_newest], shared, extra_env=_env(shared), deadline=120)
         failed = _group_failed(loaded, ckpt_load_newest)
@@ -274,13 +305,7 @@ def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max
             row.record(False, f"{what}: load after the crash failed: {failed}")
             continue
         rows = [r["ckpt_load_newest"] for r in loaded.results]
-        problems = []
-        if rows[0]["iteration"] not in expected:
-            problems.append(f"loaded iteration {rows[0]['iteration']} was never saved")
-        elif rows[0]["hash"] != expected[rows[0]["iteration"]]:
-            problems.append(f"checkpoint_{rows[0]['iteration']} holds other parameters than were saved")
-        if rows[0]["hash"] != rows[1]["hash"]:
-            problems.append("the processes loaded different parameters")
+        problems = _loaded_as_saved(rows, expected)
         if rows[0]["leftovers"]:
             problems.append(f"temporaries left after a new save: {rows[0]['leftovers']}")
         per_mode[mode][1] += not problems
@@ -721,8 +746,102 @@ def rows_network(backend: str, trials: int, rng: random.Random, work: Path, time
 
 
 # -- driver ------------------------------------------------------------------------------------------------------------
+# -- 12. an object store out of reach on one process ------------------------------------------------------
+def row_store_unreachable(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
+    """All trials in one group of 2 (`fault_scenarios.fault_store_unreachable`): a random victim
+    and a random kind of failure (dropped connections, 500, 503 SlowDown) per trial."""
+    from unified.testing.object_store import missing_store_packages, s3_server
+    from unified.testing.storage_scenarios import STORE_VARIABLE
+
+    row = Row("12 object store out of reach on one process during a save", backend)
+    missing = missing_store_packages()
+    if missing:
+        row.skipped, row.notes = True, missing
+        return row
+    cases = [[rng.randrange(2), rng.choice(["drop", "500", "503"])] for _ in range(trials)]
+    shared = work / f"r12-{backend}"
+    shared.mkdir()
+    with s3_server() as server:
+        group = run_group(backend, 2, [fs.fault_store_unreachable], shared, deadline=60 + 30 * trials,
+                          extra_env=_env(shared, **{STORE_VARIABLE: server.bucket(),
+                                                    "FAULT_STORE_CASES": json.dumps(cases)}))
+    failed = _group_failed(group, fs.fault_store_unreachable)
+    if failed:
+        for t in range(trials):
+            row.record(False, f"trial {t}: {failed}")
+        return row
+    results = [r["fault_store_unreachable"]["rounds"] for r in group.results]
+    for t, (victim, kind) in enumerate(cases):
+        got = [rounds[t] for rounds in results]
+        problems = []
+        for rank, one in enumerate(got):
+            if one["error"] is None:
+                problems.append(f"process {rank}'s save_state raised nothing")
+            elif f"process {victim}" not in one["error"] or "after the storage client's retries" not in one["error"]:
+                problems.append(f"process {rank}'s error does not name process {victim}'s object: {one['error'][:200]}")
+            if one["loaded"] != one["expected"]:
+                problems.append(f"process {rank} did not load the previous checkpoint exactly")
+        if got[0]["committed"]:
+            problems.append("the failed save was committed")
+        row.record(not problems, f"trial {t} (victim {victim}, {kind}): " + "; ".join(problems),
+                   max(one["seconds"] for one in got))
+    kinds = {k: sum(1 for _, kind in cases if kind == k) for k in ("drop", "500", "503")}
+    row.notes = (f"uploads of the victim failed ({', '.join(f'{k}: {n}' for k, n in kinds.items())}), 2 attempts per "
+                 "request; pass: every process raises CheckpointError naming the victim's object, nothing committed, "
+                 "the previous checkpoint loads exactly; time = until save_state raised")
+    return row
+
+
+# -- 13. the group SIGKILLed while it saves to an object store ------------------------------------------------
+def row_store_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max_delay: float) -> Row:
+    from unified.testing.object_store import missing_store_packages, s3_server
+    from unified.testing.storage_scenarios import STORE_VARIABLE
+
+    row = Row("13 group SIGKILLed during save_state to an object store", backend)
+    missing = missing_store_packages()
+    if missing:
+        row.skipped, row.notes = True, missing
+        return row
+    with s3_server() as server:
+        for t in range(trials):
+            shared = work / f"r13-{backend}-{t}"
+            shared.mkdir()
+            delay = rng.uniform(0.2, max_delay)
+            what = f"trial {t} (kill {delay:.2f} s after the first checkpoint)"
+            env = _env(shared, **{STORE_VARIABLE: server.bucket(), "UNIFIED_RUN_ID": f"faults-13-{backend}-{t}"})
+            crashed = run_group(backend, 2, [fs.fault_store_save_loop], shared, extra_env=env,
+                                kill_when=shared / "ready", kill_delay=delay, deadline=120)
+            if not all(rc == -9 for rc in crashed.returncodes):
+                row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
+                                  f"{_group_failed(crashed, fs.fault_store_save_loop)}")
+                continue
+            expected = _expected_hashes(shared)
+            loaded = run_group(backend, 2, [fs.fault_store_load_newest], shared, extra_env=env, deadline=120)
+            failed = _group_failed(loaded, fs.fault_store_load_newest)
+            if failed:
+                row.record(False, f"{what}: load after the crash failed: {failed}")
+                continue
+            got = [r["fault_store_load_newest"] for r in loaded.results]
+            problems = _loaded_as_saved(got, expected)
+            if got[0]["uncommitted"]:
+                problems.append(f"prefixes without a manifest left after a new save: {got[0]['uncommitted']}")
+            if got[0]["unfinished_uploads"]:
+                problems.append(f"unfinished uploads left after a new save: {got[0]['unfinished_uploads']}")
+            row.record(not problems, f"{what}: " + "; ".join(problems))
+    row.notes = ("automatic naming on moto's S3 server, a save after every step; pass: the restarted job (same "
+                 "UNIFIED_RUN_ID: it takes the lease over) loads exactly what was saved, and its next save leaves no "
+                 "uncommitted prefix and no unfinished upload")
+    return row
+
+
 def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work: Path, wanted: Set[int]) -> List[Row]:
     rows: List[Row] = []
+    if 12 in wanted:
+        rows.append(row_store_unreachable(backend, args.trials, rng, work))
+        print(f"  [{backend}] row 12 done ({time.monotonic() - START:.0f} s)", flush=True)
+    if 13 in wanted:
+        rows.append(row_store_save_kill(backend, args.trials, rng, work, args.max_kill_delay))
+        print(f"  [{backend}] row 13 done ({time.monotonic() - START:.0f} s)", flush=True)
     if 1 in wanted:
         rows.append(row_train_kill(backend, args.trials, rng, work, args.timeout, args.train_size))
         print(f"  [{backend}] row 1 done ({time.monotonic() - START:.0f} s)", flush=True)
@@ -840,7 +959,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.timeout = args.timeout if args.timeout is not None else (5.0 if args.short else 10.0)
     args.max_kill_delay = args.max_kill_delay if args.max_kill_delay is not None else (1.5 if args.short else 3.0)
     seed = args.seed if args.seed is not None else int(time.time())
-    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11")
+    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11,12,13")
     wanted = {int(x) for x in args.rows.split(",")}
     work = Path(tempfile.mkdtemp(prefix="unified-faults-"))
     if not args.no_jax_cache:

@@ -372,9 +372,12 @@ class CheckpointManager:
             else:
                 self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
-            highest = self._decided_by_main("save_state (name)", folder, lambda: location_of(folder).highest_number(folder))
-            if highest is not None and config.iteration <= highest:
-                config.iteration = highest + 1  # never collide with an existing checkpoint_N
+            def number() -> int:
+                highest = location_of(folder).highest_number(folder)
+                # never collide with an existing checkpoint_N
+                return config.iteration if highest is None or config.iteration > highest else highest + 1
+
+            config.iteration = self._decided_by_main("save_state (name)", folder, number)
             return layout.automatic_dir(config.project_dir, config.iteration)
         target = output_dir if output_dir is not None else config.project_dir
         if target is None:
