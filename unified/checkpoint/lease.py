@@ -105,7 +105,7 @@ class Lease:
                 return
             try:
                 self.etag = _put(self.fs, self.path, IfMatch=self.etag)
-            except (OSError, FileExistsError) as err:
+            except OSError as err:  # a failed precondition among them
                 if "pre-condition" in str(err) or "PreconditionFailed" in str(err):
                     self.lost = f"it was replaced: {err}"
             except Exception:  # noqa: BLE001 - a store out of reach: try again at the next renewal

@@ -969,17 +969,22 @@ class CheckpointManager:
                             named=lambda value, name: self.backend.from_numpy(
                                 value, like=_like(self.backend, live.get(name), value)))
 
-    def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
+    @staticmethod
+    def _listed(directory: str, manifest: Dict[str, Any], name: str) -> Tuple[str, Dict[str, Any]]:
+        """The path of file ``name`` of the checkpoint and its manifest entry (size, xxh3)."""
         info = manifest["files"].get(name)
         if info is None:
             raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run."
                                   + see("lists-no-file"))
-        return location_of(directory).read(check_file_name(directory, name), info["size"], info["xxh3"])
+        return check_file_name(directory, name), info
 
-    def _places(self, entry: Entry) -> Dict[str, Tuple[np.ndarray, Any]]:
-        """``{array name: (writable bytes, live array)}`` of the arrays of ``entry`` that a load
-        reads straight into (`Backend.writable_host_bytes`, at least `IN_PLACE_MIN_BYTES`)."""
-        live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+    def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
+        path, info = self._listed(directory, manifest, name)
+        return location_of(directory).read(path, info["size"], info["xxh3"])
+
+    def _places(self, live: Dict[str, Any]) -> Dict[str, Tuple[np.ndarray, Any]]:
+        """``{array name: (writable bytes, live array)}`` of an entry's ``live`` arrays that a
+        load reads straight into (`Backend.writable_host_bytes`, at least `IN_PLACE_MIN_BYTES`)."""
         places, least = {}, in_place_min_bytes()
         for name, value in live.items():
             raw = None if isinstance(value, np.ndarray) else self.backend.writable_host_bytes(value)
@@ -991,12 +996,8 @@ class CheckpointManager:
                             places: Dict[str, Tuple[np.ndarray, Any]]) -> "InPlace":
         """The first of a load's two passes over a file read into place: every byte hashed in a
         bounded buffer and compared, and the header described, before any object is restored."""
-        name = f"{entry.name}.safetensors"
-        info = manifest["files"].get(name)
-        if info is None:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint "
-                                  "does not match this run." + see("lists-no-file"))
-        path, location = check_file_name(directory, name), location_of(directory)
+        path, info = self._listed(directory, manifest, f"{entry.name}.safetensors")
+        location = location_of(directory)
         identity = location.verify(path, info["size"], info["xxh3"])
         described = location.describe(path, info["size"])
         # only into arrays of the saved dtype and shape (a user object's own load_state_dict decides
@@ -1073,14 +1074,15 @@ class CheckpointManager:
             if entry.name in hook_saved:
                 continue
             where = os.path.join(directory, f"{entry.name}.safetensors")
-            places = {} if sharded else self._places(entry)
+            live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+            places = {} if sharded else self._places(live)
             if places:  # verified now, read into the live arrays once everything is checked (`_read_in_place`)
                 later = self._verify_for_placing(directory, manifest, entry, places)
-                self._check_fits(entry, later.described, set(), where)
+                self._check_fits(entry, live, later.described, set(), where)
                 states[entry.name] = later
                 continue
             arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
-            self._check_fits(entry, _described(arrays), set(sharded.values()), where)
+            self._check_fits(entry, live, _described(arrays), set(sharded.values()), where)
             states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
         sharded_files = self._verify_sharded_tree(directory, manifest) if sharded else {}
         rank, saved = self.backend.process_index, manifest.get("num_processes")
@@ -1163,13 +1165,14 @@ class CheckpointManager:
         return {path: safetensors_io.verify_for_reader(path, listed[name]["size"], listed[name]["xxh3"])
                 for path, name in ((check_file_name(directory, name), name) for name in share)}
 
-    def _check_fits(self, entry: Entry, saved: Dict[str, Tuple[str, Tuple[int, ...]]], sharded: Any, where: str) -> None:
-        """Before anything is restored: every array of a prepared object is in the file with the
-        same dtype and shape (no silent cast, no optimizer moment of another shape), and a model's
-        file holds no array the model lacks. User objects' own ``load_state_dict`` decides for them."""
+    def _check_fits(self, entry: Entry, live: Dict[str, Any], saved: Dict[str, Tuple[str, Tuple[int, ...]]],
+                    sharded: Any, where: str) -> None:
+        """Before anything is restored: every array of a prepared object (``live``: its arrays
+        now) is in the file with the same dtype and shape (no silent cast, no optimizer moment of
+        another shape), and a model's file holds no array the model lacks. User objects' own
+        ``load_state_dict`` decides for them."""
         if not entry.managed:
             return
-        live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
         prefix = len(entry.name) + 1
         saved_groups = {entry.absent_group(name[prefix:]) for name in saved}
         for name, value in live.items():
