@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
 from .collectives import Collectives
-from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, is_url, local_folder
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
 from .environment import restart_count
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
@@ -581,24 +581,24 @@ class Accelerator(AccelerateSurface):
         final = manager.resolve_save_dir(output_dir)
         if async_save is None:
             async_save = self.project_configuration.async_save
-        if is_url(final) and (async_save or self._save_state_pre_hooks):
-            raise ValueError(f"save_state({final!r}): {'async_save' if async_save else 'save-state hooks'} with an "
-                             "object store is not supported in this version (a synchronous save without hooks is); "
-                             "nothing was written." + see("object-storage-limits"))
         iteration = self.project_configuration.iteration
         if self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration += 1
-        begun, skip = None, []
+        begun, skip, hooks = None, [], ({}, None)
         if self._save_state_pre_hooks:  # they write into the checkpoint before its files are written
             begun = manager.begin(final)
-            skip = self._run_save_state_pre_hooks(begun[1])
+            skip, *hooks = manager.run_save_hooks(begun[1], self._run_save_state_pre_hooks)
         if not async_save:
-            return manager.save(final, manager.safe_snapshot(iteration, skip=skip), begun)
+            snapshot = manager.safe_snapshot(iteration, skip=skip)
+            snapshot.hook_files, snapshot.hook_error = hooks
+            return manager.save(final, snapshot, begun)
         # Where the backend can hold back the next in-place update until the files are written
         # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
         # detect the others (version counters), the snapshot needs no copy of the framework arrays.
         guarded = isinstance(self._backend, WriteGuards)
         snapshot = manager.safe_snapshot(iteration, detach=True, skip=skip)
+        snapshot.hook_files, snapshot.hook_error = hooks
+        manager.refuse_sharded_on_store(final, snapshot)
         token, tmp = begun if begun is not None else manager.begin(final)
         # Arrays sharded across processes: their collective part (the plan, host copies of each
         # process's own shards) runs here; only their writes go to the background.
@@ -666,7 +666,7 @@ class Accelerator(AccelerateSurface):
             if not self._checkpoints.has_checkpoint(input_dir):
                 return None
         directory = self._checkpoints.resolve_load_dir(input_dir)
-        self._checkpoints.load(directory, lambda: self._run_load_state_pre_hooks(directory))
+        self._checkpoints.load(directory, self._run_load_state_pre_hooks)
         return directory
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:

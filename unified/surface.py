@@ -502,7 +502,9 @@ class AccelerateSurface:
         """Call ``hook(models, weights, output_dir)`` on every process in each `save_state`, before
         unified writes its files (Accelerate's hook). ``models``: the prepared models;
         ``weights``: their state dicts; ``output_dir``: the checkpoint's temporary folder, where
-        the files the hook writes are committed with the checkpoint (and checked when loaded).
+        the files the hook writes are committed with the checkpoint (and checked when loaded);
+        on an object store, a local temporary folder whose files are uploaded into the
+        checkpoint (write each file on one process).
         A model whose weights the hook removes from ``weights`` (on the main process) is not
         saved by unified: the hook saved it, and a load-state hook must restore it.
 
@@ -518,7 +520,9 @@ class AccelerateSurface:
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` on every process in each `load_state`, after every
         file was verified and before anything is restored (Accelerate's hook). A model the hook
-        removes from ``models`` is restored by the hook, not by unified.
+        removes from ``models`` is restored by the hook, not by unified. From an object store,
+        ``input_dir`` is a local temporary folder holding the save hooks' files (downloaded and
+        verified), removed once `load_state` returns.
 
         Example:
             >>> def load_config(models, input_dir):

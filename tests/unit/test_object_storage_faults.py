@@ -49,7 +49,8 @@ def _names(fs, url):
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(url, refresh=True))
 
 
-def test_the_store_stopping_mid_save_fails_naming_the_object_and_the_previous_checkpoint_loads(monkeypatch):
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_the_store_stopping_mid_save_fails_naming_the_object_and_the_previous_checkpoint_loads(monkeypatch, async_save):
     from unified import ProjectConfiguration
 
     with s3_server() as server, requests_through(server.endpoint, max_attempts=2):
@@ -70,7 +71,8 @@ def test_the_store_stopping_mid_save_fails_naming_the_object_and_the_previous_ch
 
         monkeypatch.setattr(ObjectStore, "write", stop_after_the_first_file)
         with pytest.raises(CheckpointError) as caught:
-            acc.save_state()
+            acc.save_state(async_save=async_save)
+            acc.wait_for_checkpoint()  # an async save's failure is raised here
         monkeypatch.undo()
         message = str(caught.value)
         assert "was not committed" in message and "the previous checkpoint is intact" in message

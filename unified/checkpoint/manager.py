@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import stat
+import tempfile
 import time
 import uuid
 import zlib
@@ -66,6 +67,21 @@ def _hash_files(root: str, names: List[str]) -> Dict[str, Any]:
     return {name: verify_file(os.path.join(root, name), None, None) for name in names}
 
 
+def _merged_hook_files(tmp: str, reports: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Every process's uploaded hook files; one name uploaded with two contents is refused (the
+    store kept whichever came last, which no report can tell)."""
+    merged: Dict[str, Tuple[int, Any]] = {}
+    for rank, report in enumerate(reports):
+        for name, info in report.get("hook_files", {}).items():
+            first = merged.setdefault(name, (rank, info))
+            if first[1] != info:
+                raise CheckpointError(f"{tmp.rstrip('/')}/{name}: written by save-state hooks on processes {first[0]} and "
+                                      f"{rank} with different contents; on a store each process's hook files are uploaded: "
+                                      "write a file on one process only (if accelerator.is_main_process)."
+                                      + see("state-hooks"))
+    return {name: info for name, (_, info) in merged.items()}
+
+
 def _raise_reported(final: str, reports: List[Dict[str, Any]]) -> None:
     errors = [r["error"] for r in reports if "error" in r]
     if errors:
@@ -92,13 +108,6 @@ def _commit_error(final: str, err: OSError) -> CheckpointError:
 # async save (``save-failed/{rank}``: JSON ``{"token", "error"}``).
 PART_FAILED = "save-failed"
 assert PART_FAILED in CHANNEL_KINDS
-
-
-def _write_part_marker(path: str, report: Dict[str, Any]) -> None:
-    """A non-main process's report of an async save, for the main process (atomically)."""
-    with open(path + ".partial", "w") as handle:
-        json.dump(report, handle)
-    os.replace(path + ".partial", path)
 
 
 @dataclass
@@ -143,6 +152,10 @@ class Snapshot:
     ready: Callable[[], None] = lambda: None
     # objects that save-state hooks saved instead (see `CheckpointManager.snapshot`)
     skipped: List[str] = field(default_factory=list)
+    # on a store: the files this process's save-state hooks wrote, uploaded (name -> size, xxh3),
+    # or why they could not be (see `CheckpointManager.run_save_hooks`)
+    hook_files: Dict[str, Any] = field(default_factory=dict)
+    hook_error: Optional[str] = None
 
 
 # Arrays a load reads straight into the live ones (see `CheckpointManager._places`) from this
@@ -288,6 +301,7 @@ class CheckpointManager:
         self._lease: Optional[lease.Lease] = None  # main process: the store prefix it holds
         self._held_folder: Optional[str] = None
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
+        self._hook_copy: Optional[str] = None  # a load from a store: the hook files, downloaded for the hooks
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
 
@@ -484,6 +498,37 @@ class CheckpointManager:
                                                 operation="save_state (begin)")
         return token, location_of(final).staging(final, token)
 
+    def run_save_hooks(self, tmp: str, run_hooks: Callable[[str], List[str]]) -> Tuple[List[str], Dict[str, Any], Optional[str]]:
+        """Run the save-state hooks (``run_hooks(folder)``, every process) with the folder they
+        write into: ``tmp`` itself, or, on a store (hooks write with ``open()``), a local
+        temporary folder whose files are then uploaded into ``tmp``, hashed as they go, and
+        removed. Returns what ``run_hooks`` returned, the files uploaded, and why an upload
+        failed (None): the save reports it from this process, so that every process raises."""
+        if not is_url(tmp):
+            return run_hooks(tmp), {}, None
+        local = tempfile.mkdtemp(prefix="unified-save-hooks-")
+        try:
+            skip = run_hooks(local)
+            location, uploaded = location_of(tmp), {}
+            try:
+                for name in _tree(local, ""):
+                    check_file_name(local, name)
+                    uploaded[name] = location.upload(os.path.join(local, name), f"{tmp.rstrip('/')}/{name}")
+            except (OSError, CheckpointError) as err:
+                return skip, {}, f"process {self.backend.process_index}: a save-state hook's file: {err}"
+            return skip, uploaded, None
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
+    def refuse_sharded_on_store(self, final: str, snap: Snapshot) -> None:
+        """The same decision on every process: each holds a part of the sharded arrays."""
+        if snap.sharded and is_url(final):
+            if snap.hook_files:  # uploaded by the hooks, which ran first
+                location_of(final).discard(final)
+            raise CheckpointError(f"save_state({final!r}): arrays sharded across processes (FSDP) are saved to a folder "
+                                  "only in this version; nothing was written. Save to a folder (on several machines, one "
+                                  "they all mount)." + see("object-storage-limits"))
+
     def begin_sharded(self, tmp: str, snap: Snapshot) -> Optional[ShardedWrite]:
         """The calling thread's half of an async save's sharded write (every process; the
         backend's collectives): host copies of this process's own shards and the plan. Returns
@@ -513,6 +558,10 @@ class CheckpointManager:
         rank = self.backend.process_index
         report = self._write_whole(tmp, snap)
         released()
+        if snap.hook_error is not None:
+            report = {"error": f"{report['error']}; {snap.hook_error}" if "error" in report else snap.hook_error}
+        elif snap.hook_files and "error" not in report:
+            report["hook_files"] = snap.hook_files
         if snap.sharded:
             # an async write finishes even after a failure: nothing may write into tmp once it is
             # removed; whatever it raises is this process's report (the main process waits for it)
@@ -554,10 +603,7 @@ class CheckpointManager:
     def save(self, final: str, snap: Snapshot, begun: Optional[Tuple[str, str]] = None) -> str:
         """Write ``snap`` into a temporary directory and commit it as ``final`` (collective);
         ``begun``: the ``(token, temporary directory)`` of a `begin` already made."""
-        if snap.sharded and is_url(final):  # the same on every process: each holds a part of the sharded arrays
-            raise CheckpointError(f"save_state({final!r}): arrays sharded across processes (FSDP) are saved to a folder "
-                                  "only in this version; nothing was written. Save to a folder (on several machines, one "
-                                  "they all mount)." + see("object-storage-limits"))
+        self.refuse_sharded_on_store(final, snap)
         token, tmp = begun if begun is not None else self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
         if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
@@ -589,7 +635,7 @@ class CheckpointManager:
         rank, count = self.backend.process_index, self.backend.num_processes
         if rank != 0:
             try:
-                _write_part_marker(os.path.join(tmp, f"part_{rank}.json"), report)
+                location_of(tmp).post_report(os.path.join(tmp, f"part_{rank}.json"), report)
             except BaseException as err:
                 reason = f"process {rank}: could not write its part marker ({err})"
                 reason = f"{report['error']}; {reason}" if "error" in report else reason
@@ -657,9 +703,16 @@ class CheckpointManager:
     def _wait_part(self, tmp: str, rank: int, token: str) -> Dict[str, Any]:
         """Process ``rank``'s report: its marker, or the failure it posted, or a timeout."""
         path = os.path.join(tmp, f"part_{rank}.json")
+        location = location_of(tmp)
         deadline = time.monotonic() + self.collectives.timeout
         channel, look_at = self._health(), 0.0
-        while not os.path.exists(path):
+        while True:
+            try:
+                report = location.take_report(path)
+            except OSError as err:  # the store out of reach from the main process: its part's failure
+                return {"error": f"process 0: {err}"}
+            if report is not None:
+                return report
             now = time.monotonic()
             if channel is not None and now >= look_at:
                 failure = self._posted_part_failure(channel, rank, token)
@@ -668,11 +721,7 @@ class CheckpointManager:
                 look_at = now + 0.2  # a read costs one request per name on some channels
             if now > deadline:
                 return {"error": f"{path} did not appear within {self.collectives.timeout:g}s"}
-            time.sleep(0.01)
-        with open(path) as handle:
-            report = json.load(handle)
-        os.remove(path)
-        return report
+            time.sleep(location.report_poll_seconds)
 
     def _commit(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], snap: Snapshot) -> None:
         """Main process: write the manifest last, make every file and folder durable, rename
@@ -703,11 +752,16 @@ class CheckpointManager:
         for r in reports:
             files.update(r["files"])
             structures.update(r["structures"])
-        # what save-state hooks wrote (into a folder: a store takes no hooks), verified at load
-        hook_files = [] if is_url(tmp) else sorted(set(_tree(tmp, "")) - set(files))
-        for name in hook_files:
-            check_file_name(tmp, name)
-        files.update(_hash_files(tmp, hook_files))
+        # what save-state hooks wrote, verified at load (a file named like one of ours is ours)
+        if is_url(tmp):
+            uploaded = _merged_hook_files(tmp, reports)
+            hook_files = sorted(set(uploaded) - set(files))
+            files.update({name: uploaded[name] for name in hook_files})
+        else:
+            hook_files = sorted(set(_tree(tmp, "")) - set(files))
+            for name in hook_files:
+                check_file_name(tmp, name)
+            files.update(_hash_files(tmp, hook_files))
         body = {
             "sharded": reports[0].get("sharded", {}),
             "backend": self.backend.name,
@@ -800,11 +854,21 @@ class CheckpointManager:
         if failed:
             raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
 
-    def load(self, directory: str, before_restore: Callable[[], Collection[str]] = lambda: ()) -> Dict[str, Any]:
+    def load(self, directory: str, before_restore: Callable[[str], Collection[str]] = lambda folder: ()) -> Dict[str, Any]:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest.
 
-        ``before_restore`` runs once everything is verified, before any object is restored (the
-        load-state hooks); it returns the names of the objects it restored itself."""
+        ``before_restore(folder)`` runs once everything is verified, before any object is
+        restored (the load-state hooks); it returns the names of the objects it restored itself.
+        ``folder`` is ``directory``, or on a store a local temporary folder holding the verified
+        files of the save-state hooks (removed once the load returns)."""
+        try:
+            return self._load(directory, before_restore)
+        finally:
+            if self._hook_copy is not None:
+                shutil.rmtree(self._hook_copy, ignore_errors=True)
+                self._hook_copy = None
+
+    def _load(self, directory: str, before_restore: Callable[[str], Collection[str]]) -> Dict[str, Any]:
         failure: Optional[BaseException] = None
         try:
             manifest, states, rng, sharded_files = self._read(directory)
@@ -822,7 +886,7 @@ class CheckpointManager:
             except CheckpointError as err:
                 failure = err
             self._raise_shared(directory, failure, "load_state (resumable)")
-        by_hooks = set(before_restore())
+        by_hooks = set(before_restore(self._hook_copy or directory))
         self._read_in_place(directory, manifest, {n: v for n, v in states.items() if n not in by_hooks}, states)
         hook_saved = set(manifest.get("hook_objects", ()))
         left = sorted(hook_saved - by_hooks)
@@ -1114,6 +1178,15 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists hook file {missing[0]!r} without its "
                                   "size and checksum." + see("manifest-files"))
+        if is_url(directory):  # the hooks read with open(): every process downloads them all, verified
+            if names:
+                self._hook_copy = tempfile.mkdtemp(prefix="unified-load-hooks-")
+                location = location_of(directory)
+                for name in names:
+                    local = check_file_name(self._hook_copy, name)
+                    os.makedirs(os.path.dirname(local), exist_ok=True)
+                    location.download(f"{directory.rstrip('/')}/{name}", local, listed[name]["size"], listed[name]["xxh3"])
+            return
         share = share_of({name: int(info["size"]) for name, info in listed.items()},
                          self.backend.process_index, self.backend.num_processes)
         for name in share:

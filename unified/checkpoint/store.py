@@ -15,6 +15,7 @@ own step, as Orbax's atomicity strategies are:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
@@ -98,6 +99,24 @@ class Folder:
     def read_placed(self, path: str, size: int, checksum: str, into: Mapping[str, np.ndarray]
                     ) -> Tuple[Dict[str, np.ndarray], List[str]]:
         return safetensors_io.read_placed(path, size, checksum, into)
+
+    # -- an async save's part reports: each process's, for the main process that commits
+    report_poll_seconds = 0.01
+
+    def post_report(self, path: str, report: Dict[str, Any]) -> None:
+        """Leave ``report`` at ``path`` atomically (the main process polls with `take_report`)."""
+        with open(path + ".partial", "w") as handle:
+            json.dump(report, handle)
+        os.replace(path + ".partial", path)
+
+    def take_report(self, path: str) -> Optional[Dict[str, Any]]:
+        """The report at ``path``, removed; None while there is none."""
+        if not os.path.exists(path):
+            return None
+        with open(path) as handle:
+            report = json.load(handle)
+        os.remove(path)
+        return report
 
 
 class StoreError(OSError):
@@ -321,6 +340,56 @@ class ObjectStore:
 
     def _open(self, path: str) -> Any:
         return self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none")
+
+    # -- an async save's part reports: small objects beside the files, deleted once read
+    report_poll_seconds = 0.1  # a look is one request
+
+    def post_report(self, path: str, report: Dict[str, Any]) -> None:
+        with _reaching(path, "writing"):
+            self.fs.pipe_file(self._path(path), json.dumps(report).encode())
+
+    def take_report(self, path: str) -> Optional[Dict[str, Any]]:
+        try:
+            with _reaching(path, "reading"):
+                text = self.fs.cat_file(self._path(path))
+        except FileNotFoundError:
+            return None
+        with _reaching(path, "deleting"):
+            self.fs.rm_file(self._path(path))
+        return json.loads(text)
+
+    # -- files that save-state hooks write into a local folder (user code writes with open())
+    def upload(self, local: str, url: str) -> Dict[str, object]:
+        """Stream the local file ``local`` to ``url``, hashed in the same pass; its size and xxh3."""
+        digest, buffer, size = xxhash.xxh3_64(), bytearray(PART_BYTES), 0
+        view = memoryview(buffer)
+        with open(local, "rb") as source, _reaching(url, "writing"), \
+                self.fs.open(self._path(url), "wb", block_size=PART_BYTES) as handle:
+            while True:
+                count = source.readinto(view)
+                if not count:
+                    break
+                digest.update(view[:count])
+                handle.write(view[:count])
+                size += count
+        return {"size": size, "xxh3": digest.hexdigest()}
+
+    def download(self, url: str, local: str, size: int, checksum: str) -> None:
+        """Stream ``url`` into the new local file ``local``, verified (size and xxh3) as it comes."""
+        self._identity(url, size)
+        digest, total = xxhash.xxh3_64(), 0
+        with _reaching(url, "reading", CheckpointError), self._open(url) as handle, open(local, "xb") as target:
+            while True:
+                chunk = handle.read(PART_BYTES)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                target.write(chunk)
+                total += len(chunk)
+        if total != size:
+            raise safetensors_io.size_mismatch(url, total, size)
+        if digest.hexdigest() != checksum:
+            raise safetensors_io.checksum_mismatch(url)
 
 
 def _filesystem(url: str) -> Tuple[Any, str]:

@@ -890,13 +890,13 @@ def ckpt_async_part_failures(state: dict) -> dict:
     import errno
 
     from .training import make
-    from unified.checkpoint import manager as manager_module
+    from unified.checkpoint import manager as manager_module, store as store_module
 
     acc = Accelerator(timeout=60, seed=3)
     state["acc"] = acc
     run = make(acc)
     run.step()
-    real_write, real_marker = manager_module.safetensors_io.write, manager_module._write_part_marker
+    real_write, real_marker = manager_module.safetensors_io.write, store_module.Folder.post_report
 
     def full_disk(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
@@ -904,7 +904,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
     outcome = {"applies": True}
     for case in ("full_disk", "marker"):
         if acc.is_last_process:
-            manager_module._write_part_marker = full_disk
+            store_module.Folder.post_report = lambda self, path, report: full_disk(path)
             if case == "full_disk":
                 manager_module.safetensors_io.write = full_disk
         start = time.monotonic()
@@ -915,7 +915,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
         except Exception as err:  # noqa: BLE001 - the test wants to see what it was
             result = {"raised": type(err).__name__, "message": str(err)}
         finally:
-            manager_module.safetensors_io.write, manager_module._write_part_marker = real_write, real_marker
+            manager_module.safetensors_io.write, store_module.Folder.post_report = real_write, real_marker
         result["elapsed"] = time.monotonic() - start
         acc.wait_for_everyone()
         result["left"] = sorted(n for n in os.listdir(_shared()) if f"async_part_{case}" in n)

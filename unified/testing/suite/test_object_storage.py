@@ -55,3 +55,23 @@ def test_a_store_out_of_reach_on_one_process_fails_the_save_on_every_process_and
             assert r["unreachable_injected"] == 0  # its requests went straight to the store
         assert r["hash_after_unreachable"] == r["hash_before_unreachable"] == r["hash_explicit"]
     assert rows[last]["unreachable_injected"] >= 2  # the client retried before it gave up
+
+
+def test_an_async_save_to_a_store_commits_the_state_of_the_save(stored):
+    for r in stored.scenario(store_checkpoints):
+        assert r["async_hash_stepped"] != r["async_hash_saved"]  # the step during the upload changed the state
+        assert r["async_hash_loaded"] == r["async_hash_saved"]
+
+
+def test_save_state_hook_files_go_to_the_store_and_come_back_verified_to_the_load_hooks(stored):
+    rows = stored.scenario(store_checkpoints)
+    assert rows[0]["hook_manifests"] == [["hook.json", "sub/extra.bin"]] * 2
+    for r in rows:
+        hooks = r["hooks"]
+        assert hooks["saves"] == 2 and hooks["save_dirs_local"] == [True, True]  # a local folder to open() into
+        assert [load["hook"] for load in hooks["loads"]] == [{"saves": 1}, {"saves": 2}]  # the main process's files
+        assert all(load["extra"] == 1 << 20 and load["local"] for load in hooks["loads"])
+        assert all(hooks["load_folders_removed"])
+        # changed on the store after the commit: refused on every process before any hook ran
+        assert r["changed_hook_error"] is not None and "hook.json" in r["changed_hook_error"]
+        assert r["hooks_after_change"] == 0
