@@ -302,10 +302,18 @@ class ShardedArrays(abc.ABC):
     hashes, computed in the pass that wrote or read the bytes (`FileHashes`, names relative to
     the folder): `save_sharded` may return those of the files this process wrote, and a backend
     with ``hashes_while_reading`` returns from `load_sharded_hashed` those of the files it read
-    whole; the manager compares them with the manifest before anything is restored."""
+    whole; the manager compares them with the manifest before anything is restored.
+
+    Object stores: a backend with ``sharded_to_store`` (and ``hashes_while_reading``) is given
+    an object store's URL as ``directory`` as well (``s3://…/sharded.<format>``): it writes and
+    reads there through `unified.checkpoint.store` (``location_of(url).write`` streams and
+    hashes each file; ``ObjectStore.files / read_range / reading`` for its reader), reports the
+    hashes of every file it wrote, and makes no folder. Without it, `save_state` to a store
+    refuses sharded state before anything is written."""
 
     sharded_format: str = "sharded"
     hashes_while_reading: bool = False
+    sharded_to_store: bool = False
 
     @abc.abstractmethod
     def is_sharded(self, value: Any) -> bool: ...

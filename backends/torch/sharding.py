@@ -284,6 +284,7 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         return ShardedWrite(write)
 
     hashes_while_reading = True
+    sharded_to_store = True  # HashingWriter / HashingReader stream to and from an object store
 
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
         return self.load_sharded_hashed(directory, like)[0]

@@ -25,17 +25,23 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
+from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
+                                                   TensorProperties, TensorStorageMetadata)
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem, SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from unified.checkpoint import safetensors_io
+from unified.checkpoint.store import location_of
+from unified.config import is_url
 from unified.errors import CheckpointError, see
 
 from .core import _SAFETENSORS_DTYPES, export_tensor
 
 __all__ = ["HashingWriter", "HashingReader"]
 
+_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
 # torch/distributed/checkpoint/_hf_utils.py: what its reader looks up in a file's __metadata__
 _SHARDING_INFO = "DCP_SHARDING_INFO"
 _SAVED_OFFSETS = "saved_offsets"
@@ -62,7 +68,13 @@ class HashingWriter(HuggingFaceStorageWriter):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, save_distributed=True)
+        self.target = path  # a folder or an object store's URL (DCP's Path would mangle "s3://")
         self.written: Dict[str, Dict[str, Any]] = {}
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if is_url(self.target):  # no folder to make, no DCP metadata to look for: the manifest is ours
+            return plan
+        return super().prepare_local_plan(plan)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future:
         if not plan.items:
@@ -76,7 +88,8 @@ class HashingWriter(HuggingFaceStorageWriter):
             fqn = item.index.fqn
             arrays[fqn] = export_tensor(planner.resolve_data(item))
             offsets[fqn] = {_SAVED_OFFSETS: list(item.tensor_data.chunk.offsets)}
-        written = safetensors_io.write(os.path.join(str(self.path), name), arrays, metadata={
+        path = f"{self.target.rstrip('/')}/{name}" if is_url(self.target) else os.path.join(self.target, name)
+        written = location_of(path).write(path, arrays, live=False, metadata={
             _SHARDING_INFO: json.dumps(offsets), "DCP_VERSION": "1.0", "format": "pt"})
         self.written[name] = written
         return _done([WriteResult(index=item.index, size_in_bytes=arrays[item.index.fqn][2].nbytes, storage_data=name)
@@ -93,16 +106,86 @@ class HashingReader(HuggingFaceStorageReader):
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
+        self.target = path  # a folder or an object store's URL (DCP's Path would mangle "s3://")
+        self.store = location_of(path) if is_url(path) else None
         self.hashed: Dict[str, Dict[str, Any]] = {}
+        # on a store: each object's size and header (data start, entries), read by read_metadata
+        self._headers: Dict[str, Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]] = {}
+
+    def read_metadata(self) -> Metadata:
+        if self.store is None:
+            return super().read_metadata()
+        return self._store_metadata()
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         per_file: Dict[str, List[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
         sliced = [item for path, items in per_file.items() if not self._read_whole(path, items, planner) for item in items]
-        if sliced:  # torch's own reader, for the files needed only in slices
+        if sliced and self.store is not None:
+            self._read_slices_from_store(sliced, planner)
+        elif sliced:  # torch's own reader, for the files needed only in slices
             return super().read_data(dataclasses.replace(plan, items=sliced), planner)
         return _done(None)
+
+    def _store_metadata(self) -> Metadata:
+        """What ``HuggingFaceStorageReader.read_metadata`` builds from the files' headers (each
+        file's ``DCP_SHARDING_INFO``: where its slices sit in the whole arrays), from the objects'
+        headers read with two range requests each."""
+        assert self.store is not None
+        arrays: Dict[str, TensorStorageMetadata] = {}
+        storage: Dict[MetadataIndex, Any] = {}
+        for name in self.store.files(self.target):
+            if not name.endswith(".safetensors") or "/" in name:
+                continue
+            url = f"{self.target.rstrip('/')}/{name}"
+            size = self.store.size_of(url)
+            start, entries, extra = safetensors_io.header_of(lambda at, count: self.store.read_range(url, at, at + count),
+                                                             url, size)
+            self._headers[url] = (size, start, entries)
+            try:
+                info = json.loads(extra[_SHARDING_INFO]) if _SHARDING_INFO in extra else {}
+            except ValueError as err:
+                raise CheckpointError(f"{url}: its {_SHARDING_INFO} is not JSON ({err})." + see("sharded-load-failed")) from err
+            for key, (dtype, shape, _, _) in entries.items():
+                offsets = list(info.get(key, {}).get(_SAVED_OFFSETS, [0] * len(shape)))
+                torch_dtype = _TORCH_DTYPES[dtype]
+                chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(shape))
+                known = arrays.get(key)
+                if known is None:
+                    arrays[key] = TensorStorageMetadata(properties=TensorProperties(dtype=torch_dtype), chunks=[chunk],
+                                                        size=torch.Size([s + o for s, o in zip(shape, offsets)]))
+                else:
+                    known.chunks.append(chunk)
+                    known.size = torch.Size([max(a, s + o) for a, s, o in zip(known.size, shape, offsets)])
+                storage[MetadataIndex(fqn=key, offset=offsets)] = _HFStorageInfo(
+                    relative_path=url, shape=torch.Size(shape), dtype=torch_dtype)
+        metadata = Metadata(state_dict_metadata=arrays, storage_data=storage)  # type: ignore[arg-type]
+        metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def _read_slices_from_store(self, items: List[ReadItem], planner: LoadPlanner) -> None:
+        """The slices DCP asks for (a restart on another process count): each saved array they
+        come from is downloaded once (one range request; memory: the largest such array) and its
+        slices copied out. These files are hashed by `unified` afterwards."""
+        assert self.store is not None
+        by_array: Dict[Tuple[str, str], List[ReadItem]] = {}
+        for item in items:
+            by_array.setdefault((self.storage_data[item.storage_index].relative_path, item.storage_index.fqn), []).append(item)
+        for (url, key), wanted in by_array.items():
+            _, start, entries = self._headers[url]
+            dtype, shape, begin, end = entries[key]
+            saved = torch.from_numpy(np.frombuffer(bytearray(self.store.read_range(url, start + begin, start + end)),
+                                                   dtype=safetensors_io.numpy_dtype(dtype)).reshape(shape))
+            for item in wanted:
+                piece = saved[tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, item.lengths))]
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != piece.size():
+                    raise CheckpointError(f"{url}: {key} holds a slice of shape {tuple(piece.size())} where "
+                                          f"{tuple(target.size())} was planned." + see("sharded-load-failed"))
+                target.copy_(piece)
+                planner.commit_tensor(item, target)
 
     def _read_whole(self, path: str, items: List[ReadItem], planner: LoadPlanner) -> bool:
         """Read ``path`` into the tensors ``items`` ask for when they take every entry of it
@@ -129,7 +212,11 @@ class HashingReader(HuggingFaceStorageReader):
             filled.add(key)
             return raw
 
-        hashed = safetensors_io.read_into(path, destination)
+        if self.store is None:
+            hashed = safetensors_io.read_into(path, destination)
+        else:
+            with self.store.reading(path) as handle:
+                hashed = safetensors_io.read_stream_into(handle, path, self._headers[path][0], destination)
         if hashed is None:
             return False
         if filled != set(targets):  # the file lost entries since DCP read its header

@@ -31,7 +31,7 @@ from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lease, lock, safetensors_io
 from .manifest import check_file_name
 from .safetensors_io import verify_file
-from .store import ObjectStore, location_of
+from .store import ObjectStore, StoreError, location_of
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -522,12 +522,12 @@ class CheckpointManager:
 
     def refuse_sharded_on_store(self, final: str, snap: Snapshot) -> None:
         """The same decision on every process: each holds a part of the sharded arrays."""
-        if snap.sharded and is_url(final):
+        if snap.sharded and is_url(final) and not getattr(self.sharding, "sharded_to_store", False):
             if snap.hook_files:  # uploaded by the hooks, which ran first
                 location_of(final).discard(final)
-            raise CheckpointError(f"save_state({final!r}): arrays sharded across processes (FSDP) are saved to a folder "
-                                  "only in this version; nothing was written. Save to a folder (on several machines, one "
-                                  "they all mount)." + see("object-storage-limits"))
+            raise CheckpointError(f"save_state({final!r}): the {self.backend.name!r} backend saves arrays sharded across "
+                                  "processes to a folder only in this version; nothing was written. Save to a folder (on "
+                                  "several machines, one they all mount)." + see("object-storage-limits"))
 
     def begin_sharded(self, tmp: str, snap: Snapshot) -> Optional[ShardedWrite]:
         """The calling thread's half of an async save's sharded write (every process; the
@@ -537,7 +537,7 @@ class CheckpointManager:
         if not snap.sharded:
             return None
         try:
-            os.makedirs(tmp, exist_ok=True)
+            location_of(tmp).prepare(tmp)
             return self.sharding.begin_sharded_save(os.path.join(tmp, self.sharded_dir), snap.sharded)
         except (OSError, CheckpointError) as err:
             error = err  # `err` is unbound once the except clause ends
@@ -671,12 +671,21 @@ class CheckpointManager:
             hashed = reports[0].pop("shard_files", {})
             known = {name for r in reports for name in r["files"]}
             try:
-                missing = [name for name in _tree(tmp, self.sharded_dir) if name not in hashed and name not in known]
+                missing = [name for name in self._shard_files(tmp) if name not in hashed and name not in known]
+                if missing and is_url(tmp):  # a store's writers hash what they write: nothing else belongs there
+                    raise StoreError(f"{tmp}: {missing[0]} was written by the sharded writer without its checksum; nothing was committed."
+                                     + see("save-failed"))
                 reports[0]["files"].update({**hashed, **_hash_files(tmp, missing)})
             except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)
+                location_of(tmp).discard(tmp)
                 raise
         return reports
+
+    def _shard_files(self, tmp: str) -> List[str]:
+        """Every file below the sharded folder of ``tmp``, named ``sharded.<format>/...``."""
+        if not is_url(tmp):
+            return _tree(tmp, self.sharded_dir)
+        return [f"{self.sharded_dir}/{name}" for name in ObjectStore(tmp).files(os.path.join(tmp, self.sharded_dir))]
 
     def _health(self) -> Optional[Any]:
         """The group's health channel (see `Backend.health_channel`), or None without one."""
@@ -1010,9 +1019,10 @@ class CheckpointManager:
             return
         error: Optional[BaseException] = None
         try:
+            location = location_of(directory)
             for name in share_of(rest, self.backend.process_index, self.backend.num_processes):
                 path = check_file_name(directory, name)
-                safetensors_io.verify_file(path, listed[name]["size"], listed[name]["xxh3"])
+                location.verify(path, listed[name]["size"], listed[name]["xxh3"])
                 self._refuse_changed({path: identities[path]})
         except (CheckpointError, OSError) as err:
             error = err
@@ -1104,8 +1114,8 @@ class CheckpointManager:
         self._raise_shared(directory, failure, "load_state (read into place)")
 
     @staticmethod
-    def _refuse_changed(verified: Dict[str, Tuple[int, ...]]) -> None:
-        changed = [path for path, identity in verified.items() if safetensors_io.changed_since(path, identity)]
+    def _refuse_changed(verified: Dict[str, Any]) -> None:
+        changed = [path for path, identity in verified.items() if location_of(path).changed(path, identity)]
         if changed:
             raise CheckpointError(f"{changed[0]}: changed after it was verified, while the sharded reader read it; "
                                   "nothing was restored. Check that nothing writes into the checkpoint." + see("file-ended"))
@@ -1192,6 +1202,24 @@ class CheckpointManager:
         for name in share:
             safetensors_io.verify_file(check_file_name(directory, name), listed[name]["size"], listed[name]["xxh3"])
 
+    def _verify_sharded_prefix(self, directory: str, listed: Dict[str, Any]) -> Dict[str, Any]:
+        """`_verify_sharded_tree` on a store: every object below the sharded prefix is listed in
+        the manifest and has its size; returns each one's ETag (its reader hashes what it reads,
+        `_check_read_hashes` the rest)."""
+        where = os.path.join(directory, "manifest.json")
+        if not self.sharding.hashes_while_reading or not getattr(self.sharding, "sharded_to_store", False):
+            raise CheckpointError(f"{where}: holds arrays sharded across processes on an object store, which the "
+                                  f"{self.backend.name!r} backend cannot read from a store." + see("object-storage-limits"))
+        store = ObjectStore(directory)
+        present = set(self._shard_files(directory))
+        unlisted = sorted(present - set(listed))
+        if not listed or unlisted:
+            what = f"{unlisted[0]} is not listed in it" if unlisted else f"it lists no file of {self.sharded_dir}/"
+            raise CheckpointError(f"{where}: names sharded arrays but {what}; refusing to let the sharded reader open it."
+                                  + see("sharded-files-unlisted"))
+        return {path: store._identity(path, int(info["size"]))
+                for path, info in ((check_file_name(directory, name), info) for name, info in listed.items())}
+
     def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:
         """The sharded arrays' reader (Orbax, DCP) opens whatever its folder holds: every entry there
         must be a plain file or folder (no link, FIFO or device) that the manifest lists and whose
@@ -1205,6 +1233,8 @@ class CheckpointManager:
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
         root = os.path.join(directory, self.sharded_dir)
+        if is_url(directory):
+            return self._verify_sharded_prefix(directory, listed)
         if not listed or not os.path.isdir(root) or os.path.islink(root):
             raise CheckpointError(f"{where}: names sharded arrays but {self.sharded_dir}/ is missing or lists no file."
                                   + see("sharded-files-unlisted"))

@@ -120,7 +120,8 @@ def write(path: str, arrays: Mapping[str, Exported], metadata: Mapping[str, str]
     return {"size": position, "xxh3": digest.hexdigest()}
 
 
-def write_stream(handle: Any, arrays: Mapping[str, Exported], chunk: int = _LIVE_CHUNK) -> Dict[str, object]:
+def write_stream(handle: Any, arrays: Mapping[str, Exported], chunk: int = _LIVE_CHUNK,
+                 metadata: Mapping[str, str] = ()) -> Dict[str, object]:
     """Write ``arrays`` as one safetensors file to the binary file object ``handle`` in order
     (an object store's upload: no seek, no offset), hashing each chunk as it is written; returns
     ``{"size", "xxh3"}``. The bytes equal `write`'s for the same arrays.
@@ -129,7 +130,8 @@ def write_stream(handle: Any, arrays: Mapping[str, Exported], chunk: int = _LIVE
         >>> with open("model.safetensors", "wb") as out:
         ...     write_stream(out, {"w": export_numpy(np.ones(3, np.float32))})
     """
-    ordered, prefix = _layout({name: (dtype, shape, raw.nbytes) for name, (dtype, shape, raw) in arrays.items()})
+    ordered, prefix = _layout({name: (dtype, shape, raw.nbytes) for name, (dtype, shape, raw) in arrays.items()},
+                              metadata)
     digest = xxhash.xxh3_64(prefix)
     handle.write(prefix)
     size = len(prefix)
@@ -173,7 +175,48 @@ def read_stream_placed(handle: Any, path: str, size: int, checksum: str, into: M
 
     length = _header_length(exact(min(8, size)), size - 8, path)
     arrays, spans = placing.lay_out(exact(length), size - 8 - length, path)
-    for _, array in spans:  # _lay_out checked that the arrays tile the data section: in order, no gaps
+    _stream_into(handle, spans, digest, path, size, chunk)
+    if digest.hexdigest() != checksum:
+        raise checksum_mismatch(path)
+    return placing.fresh(arrays), placing.placed
+
+
+def read_stream_into(handle: Any, path: str, size: int,
+                     destination: Callable[[str, str, Tuple[int, ...]], Optional[np.ndarray]],
+                     chunk: int = _READ_CHUNK) -> Optional[Dict[str, object]]:
+    """`read_into` from a binary file object read in order (an object store's download) of
+    ``size`` bytes: every array straight into the memory ``destination`` gives, every byte
+    hashed; ``{"size", "xxh3"}`` for the caller to compare, or ``None`` (only the header was
+    read) when ``destination`` has no memory for an entry.
+
+    Example:
+        >>> out = np.empty(3, np.float32)
+        >>> with open("model.safetensors", "rb") as f:
+        ...     read_stream_into(f, "model.safetensors", 140, lambda key, dtype, shape: out)
+    """
+    digest = xxhash.xxh3_64()
+
+    def exact(count: int) -> bytes:
+        data = handle.read(count)
+        if len(data) != count:
+            raise CheckpointError(f"{path}: the object ended after fewer bytes than the {size} it has; nothing was "
+                                  "restored." + see("file-ended"))
+        digest.update(data)
+        return data
+
+    length = _header_length(exact(min(8, size)), size - 8, path)
+    arrays, starts = _lay_out(exact(length), size - 8 - length, path, _checked_destination(destination))
+    if any(array is None for array in arrays.values()):
+        return None
+    _stream_into(handle, _in_file_order(arrays, starts), digest, path, size, chunk)
+    return {"size": size, "xxh3": digest.hexdigest()}
+
+
+def _stream_into(handle: Any, spans: Sequence[Tuple[int, np.ndarray]], digest: Any, path: str, size: int,
+                 chunk: int) -> None:
+    """Read the data section from ``handle`` into ``spans`` (the arrays in file order, tiling it),
+    hashing each chunk."""
+    for _, array in spans:
         view = memoryview(array.reshape(-1).view(np.uint8)) if array.nbytes else memoryview(b"")
         for start in range(0, len(view), chunk):
             part = view[start:start + chunk]
@@ -187,9 +230,48 @@ def read_stream_placed(handle: Any, path: str, size: int, checksum: str, into: M
                 raise CheckpointError(f"{path}: the object ended before its {size} bytes were read; nothing was "
                                       "restored." + see("file-ended"))
             digest.update(part)
-    if digest.hexdigest() != checksum:
-        raise checksum_mismatch(path)
-    return placing.fresh(arrays), placing.placed
+
+
+def _checked_destination(destination: Callable[[str, str, Tuple[int, ...]], Optional[np.ndarray]]
+                         ) -> Callable[[str, np.dtype, Tuple[int, ...], int], Optional[np.ndarray]]:
+    """``destination`` as `_lay_out` calls it, refusing memory that is not exactly the entry's
+    bytes, writable and contiguous."""
+    def make(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Optional[np.ndarray]:
+        target = destination(key, safetensors_dtype(dtype), tuple(shape))
+        if target is not None and (not target.flags.c_contiguous or not target.flags.writeable
+                                   or target.nbytes != math.prod(shape) * dtype.itemsize):
+            raise ValueError(f"the destination of {_shown(key)} is not {math.prod(shape) * dtype.itemsize} "
+                             "writable contiguous bytes")
+        return target
+
+    return make
+
+
+def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
+              ) -> Tuple[int, Dict[str, Tuple[str, Tuple[int, ...], int, int]], Dict[str, str]]:
+    """A safetensors file's data start, ``{name: (safetensors dtype, shape, start, end)}`` (offsets
+    within the data section) and ``__metadata__``, from its header alone (checked as `read`
+    checks it); ``read_at(offset, count)`` returns the file's bytes there.
+
+    Example:
+        >>> with open("model.safetensors", "rb") as f:
+        ...     header_of(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
+        (80, {'w': ('F32', (3,), 0, 12)}, {})
+    """
+    length = _header_length(read_at(0, min(8, size)), size - 8, path)
+    header = read_at(8, length)
+    if len(header) != length:
+        raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
+    entries: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {}
+
+    def note(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> None:
+        entries[key] = (safetensors_dtype(dtype), tuple(shape), start, start + math.prod(shape) * dtype.itemsize)
+
+    _lay_out(header, size - 8 - length, path, note)
+    metadata = json.loads(header).get("__metadata__") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _not_safetensors(path, "__metadata__ is not a mapping of strings")
+    return 8 + length, entries, metadata
 
 
 def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -438,15 +520,7 @@ def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Opti
         digest = xxhash.xxh3_64()
         length, header = _read_header(fd, path, size, digest)
 
-        def make(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Optional[np.ndarray]:
-            target = destination(key, safetensors_dtype(dtype), tuple(shape))
-            if target is not None and (not target.flags.c_contiguous or not target.flags.writeable
-                                       or target.nbytes != math.prod(shape) * dtype.itemsize):
-                raise ValueError(f"the destination of {_shown(key)} is not {math.prod(shape) * dtype.itemsize} "
-                                 "writable contiguous bytes")
-            return target
-
-        arrays, starts = _lay_out(header, size - 8 - length, path, make)
+        arrays, starts = _lay_out(header, size - 8 - length, path, _checked_destination(destination))
         if any(array is None for array in arrays.values()):
             return None
         _read_into(fd, 8 + length, _in_file_order(arrays, starts), digest, path, size)

@@ -15,6 +15,7 @@ own step, as Orbax's atomicity strategies are:
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from . import layout, safetensors_io
 from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, check_manifest, manifest_bytes, parse_manifest_json,
                        read_manifest, write_manifest)
 
+_HEAD_BYTES = 1 << 20  # what `ObjectStore.verify` keeps of an object's first bytes: its header, usually
 PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds
 # the extras that bring each protocol's fsspec client
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
@@ -56,8 +58,9 @@ class Folder:
     def staging(self, final: str, token: str) -> str:
         return layout.temporary_dir(final, token)
 
-    def write(self, path: str, arrays: Mapping[str, Any], live: bool) -> Dict[str, object]:
-        return safetensors_io.write(path, arrays, live=live)
+    def write(self, path: str, arrays: Mapping[str, Any], live: bool, metadata: Mapping[str, str] = ()
+              ) -> Dict[str, object]:
+        return safetensors_io.write(path, arrays, metadata, live=live)
 
     def prepare(self, staging: str) -> None:
         os.makedirs(staging, exist_ok=True)
@@ -151,6 +154,7 @@ class ObjectStore:
 
     def __init__(self, url: str) -> None:
         self.fs, _ = _filesystem(url)
+        self._heads: Dict[str, bytes] = {}  # each verified object's first bytes (its header)
 
     def _path(self, url: str) -> str:
         return self.fs._strip_protocol(url)
@@ -199,11 +203,46 @@ class ObjectStore:
     def prepare(self, staging: str) -> None:
         pass  # prefixes need no creating
 
-    def write(self, path: str, arrays: Mapping[str, Any], live: bool) -> Dict[str, object]:
+    def write(self, path: str, arrays: Mapping[str, Any], live: bool, metadata: Mapping[str, str] = ()
+              ) -> Dict[str, object]:
         """Stream one file to the store (a multipart upload of `PART_BYTES` parts), hashed as it goes."""
         del live  # every chunk is hashed and then written from the same bytes: what is hashed is what is sent
         with _reaching(path, "writing"), self.fs.open(self._path(path), "wb", block_size=PART_BYTES) as handle:
-            return safetensors_io.write_stream(handle, arrays)
+            return safetensors_io.write_stream(handle, arrays, metadata=metadata)
+
+    # -- for a backend's sharded reader (torch DCP): what it needs of the objects under a prefix
+    def files(self, folder: str) -> List[str]:
+        """Every object below ``folder``, named relative to it, sorted."""
+        root = self._path(folder).rstrip("/")
+        self.fs.invalidate_cache(root)
+        try:
+            with _reaching(folder, "listing", CheckpointError):
+                found = self.fs.find(root)
+        except FileNotFoundError:
+            return []
+        return sorted(path[len(root) + 1:] for path in found if path.startswith(root + "/"))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the object ``path``."""
+        with _reaching(path, "reading", CheckpointError):
+            data = self.fs.cat_file(self._path(path), start=start, end=end)
+        if len(data) != end - start:
+            raise CheckpointError(f"{path}: ended before byte {end}; nothing was restored." + see("file-ended"))
+        return data
+
+    def size_of(self, path: str) -> int:
+        try:
+            with _reaching(path, "reading", CheckpointError):
+                return int(self.fs.info(self._path(path), refresh=True)["size"])
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
+                                  + see("cannot-open-file")) from err
+
+    @contextlib.contextmanager
+    def reading(self, path: str) -> Iterator[Any]:
+        """``path`` opened for reading in order, one request per `PART_BYTES` (or per larger read)."""
+        with _reaching(path, "reading", CheckpointError), self._open(path) as raw:
+            yield io.BufferedReader(raw, buffer_size=PART_BYTES)
 
     def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
         url = f"{final.rstrip('/')}/{MANIFEST}"
@@ -294,8 +333,8 @@ class ObjectStore:
                     ) -> Tuple[Dict[str, np.ndarray], List[str]]:
         """`read`, with the arrays named in ``into`` streamed into that memory (`safetensors_io.read_stream_placed`)."""
         self._identity(path, size)
-        with _reaching(path, "reading", CheckpointError), self._open(path) as handle:
-            return safetensors_io.read_stream_placed(handle, path, size, checksum, into)
+        with self.reading(path) as handle:  # one request per part or large array, not one per small array
+            return safetensors_io.read_stream_placed(handle, path, size, checksum, into, chunk=PART_BYTES)
 
     def verify(self, path: str, size: int, checksum: str) -> Any:
         """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag."""
@@ -307,6 +346,8 @@ class ObjectStore:
                 count = handle.readinto(view)
                 if not count:
                     break
+                if not total:  # the header, for `describe` (no request of its own)
+                    self._heads[path] = bytes(view[:min(count, _HEAD_BYTES)])
                 digest.update(view[:count])
                 total += count
         if total != size:
@@ -316,9 +357,15 @@ class ObjectStore:
         return identity
 
     def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
+        head = self._heads.get(path, b"")
+
+        def read_at(at: int, count: int) -> bytes:
+            if at + count <= len(head):  # read by `verify`, which checked it against the manifest
+                return head[at:at + count]
+            return self.fs.cat_file(self._path(path), start=at, end=at + count)
+
         with _reaching(path, "reading", CheckpointError):
-            return safetensors_io.describe(lambda at, count: self.fs.cat_file(self._path(path), start=at, end=at + count),
-                                           path, size)
+            return safetensors_io.describe(read_at, path, size)
 
     def changed(self, path: str, identity: Any) -> bool:
         try:

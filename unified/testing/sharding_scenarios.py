@@ -421,14 +421,15 @@ def shard_resume_after_kill(_: dict) -> dict:
 
 
 # -- loading on another number of processes ---------------------------------------------------------------
-def _load_and_continue(saved_by: int) -> dict:
-    expected = _expected(_shared(f"expected_{saved_by}.npz"))
+def _load_and_continue(saved_by: int, checkpoint: Optional[str] = None, expected_file: Optional[str] = None,
+                       then: Optional[Any] = None) -> dict:
+    expected = _expected(expected_file or _shared(f"expected_{saved_by}.npz"))
     acc, setup = _start(optimizer_first=expected["optimizer_first"])  # in the saving run's order of prepare
     _train(setup, acc, 1, first=50)  # different from what was saved
     before = setup.full_params()
     unpickled: list = []
     with _counting_unpickles(unpickled, setup.unpicklers()):
-        acc.load_state(_shared(f"sharded_{saved_by}"))
+        acc.load_state(checkpoint or _shared(f"sharded_{saved_by}"))
     params, optimizer = setup.full_params(), setup.full_optimizer()
     result = {"layout": setup.layout(), "expected_layout": type(setup).expected_layout(acc.num_processes),
               "changed_by_load": not _equal(before, params), "unpickled": unpickled,
@@ -436,6 +437,8 @@ def _load_and_continue(saved_by: int) -> dict:
     _train(setup, acc, 1, first=STEPS)  # training goes on as it would have in the saving run
     after = setup.full_params()
     result.update(next_step=_max_diff(after, expected["n"]), finite=_finite(after))
+    if then is not None:
+        result["damaged"] = then(acc, setup)
     return result
 
 
@@ -447,6 +450,102 @@ def shard_load_from_2(_: dict) -> dict:
 @scenario(**NEEDS)
 def shard_load_from_3(_: dict) -> dict:
     return _load_and_continue(3)
+
+
+# -- on an object store ------------------------------------------------------------------------------------
+def _store_root() -> Optional[str]:
+    from .storage_scenarios import STORE_VARIABLE
+
+    return os.environ.get(STORE_VARIABLE) or None
+
+
+@scenario(**NEEDS)
+def shard_store_round_trip(_: dict) -> dict:
+    """Sharded state saved to the object store (``UNIFIED_TEST_STORE``; none: nothing runs),
+    synchronously and asynchronously (training goes on during the upload), each loaded back
+    exactly; every process's own shard objects listed in the manifest. A backend without
+    ``sharded_to_store`` must refuse the save on every process with nothing written."""
+    root = _store_root()
+    if root is None:
+        return {"ran": False}
+    from unified.checkpoint.store import ObjectStore
+
+    acc, setup = _start()
+    n = acc.num_processes
+    out: Dict[str, Any] = {"ran": True, "supported": bool(getattr(acc._backend, "sharded_to_store", False))}
+    _train(setup, acc, STEPS)
+    target = f"{root}/sharded_{n}"
+    params, optimizer = setup.full_params(), setup.full_optimizer()
+    try:
+        acc.save_state(target)
+    except unified.CheckpointError as err:
+        out["refused"] = str(err)
+        out["left"] = ObjectStore(root).files(root) if acc.is_main_process else []
+        return out
+    _train(setup, acc, 1, first=STEPS)
+    _write_expected(acc, _shared(f"store_expected_{n}.npz"), params, optimizer, setup.full_params(), False)
+    later_params, later_optimizer = setup.full_params(), setup.full_optimizer()
+    acc.save_state(f"{target}_async", async_save=True)
+    _train(setup, acc, 1, first=STEPS + 1)  # while the background uploads
+    acc.wait_for_checkpoint()
+    acc.load_state(target)
+    out.update(sync_params=_equal(setup.full_params(), params), sync_optimizer=_equal(setup.full_optimizer(), optimizer))
+    acc.load_state(f"{target}_async")
+    out.update(async_params=_equal(setup.full_params(), later_params),
+               async_optimizer=_equal(setup.full_optimizer(), later_optimizer))
+    out["damaged"] = _load_damaged_store_shard(acc, setup, f"{target}_async")  # sharded_2 is loaded by 3 processes next
+    if acc.is_main_process:
+        store = ObjectStore(target)
+        manifest = store.read_manifest(target)
+        out["objects"] = store.files(target)
+        out["manifest_files"] = sorted(manifest["files"])
+        out["owners"] = sorted({type(setup).shard_file_process(name.split("/", 1)[1])
+                                for name in out["objects"] if name.startswith(_sharded_dir_name(manifest))})
+    acc.wait_for_everyone()
+    return out
+
+
+def _sharded_dir_name(manifest: Dict[str, Any]) -> str:
+    return next(name.split("/", 1)[0] for name in manifest["files"] if "/" in name) + "/"
+
+
+@scenario(**NEEDS)
+def shard_store_load_from_2(_: dict) -> dict:
+    """The 2-process sharded checkpoint on the store, loaded by this group (another process
+    count: every process reads slices of the others' objects); then one of its shard objects
+    damaged on the store and the load refused."""
+    root = _store_root()
+    expected = _shared("store_expected_2.npz")
+    if root is None or not os.path.exists(expected):
+        return {"ran": False}
+    target = f"{root}/sharded_2"
+    return {"ran": True, **_load_and_continue(2, target, expected,
+                                              then=lambda acc, setup: _load_damaged_store_shard(acc, setup, target))}
+
+
+def _load_damaged_store_shard(acc: Accelerator, setup: Any, target: str) -> Dict[str, Any]:
+    """The main process flips a byte near the end of the largest shard object of ``target`` on
+    the store; the load must fail on every process naming it, with nothing restored."""
+    from unified.checkpoint.store import ObjectStore
+
+    damaged = None
+    if acc.is_main_process:
+        store = ObjectStore(target)
+        shards = [name for name in store.files(target) if "/" in name]
+        damaged = max(shards, key=lambda name: store.size_of(f"{target}/{name}"))
+        data = bytearray(store.read_range(f"{target}/{damaged}", 0, store.size_of(f"{target}/{damaged}")))
+        data[-3] ^= 0x10
+        store.fs.pipe_file(store._path(f"{target}/{damaged}"), bytes(data))
+    damaged = acc._collectives.broadcast_json(damaged)
+    _train(setup, acc, 1, first=60)
+    before_p, before_o = setup.full_params(), setup.full_optimizer()
+    try:
+        acc.load_state(target)
+        message = None
+    except unified.CheckpointError as err:
+        message = str(err)
+    return {"object": damaged, "message": message,
+            "untouched": _equal(before_p, setup.full_params()) and _equal(before_o, setup.full_optimizer())}
 
 
 # -- damaged checkpoints ----------------------------------------------------------------------------------

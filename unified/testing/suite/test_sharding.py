@@ -4,18 +4,23 @@ the processes, training equal to the replicated run (also with bf16 and gradient
 each process writing only its own shards and no pickle written or loaded, a checkpoint written by
 N processes loading on M (2 -> 3, 2 -> 1, 3 -> 2), damaged shards refused with nothing restored, a
 consolidated save_model, an async sharded save written in the background that fails on every
-process when one process fails, and a save killed mid-write leaving the previous checkpoint."""
+process when one process fails, a save killed mid-write leaving the previous checkpoint, and
+sharded state on an object store (moto's S3 server on loopback, when installed)."""
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
 
 from ..harness import run_group
 from ..scenario import missing_requirements
+from ..object_store import missing_store_packages, s3_server
 from ..sharding_scenarios import (OPTIMIZER_FIRST, shard_async_save, shard_damaged, shard_killed_mid_save,
                                   shard_load_from_2, shard_load_from_3, shard_mixed_precision_and_accumulation,
-                                  shard_resume_after_kill, shard_train_and_save)
+                                  shard_resume_after_kill, shard_store_load_from_2, shard_store_round_trip,
+                                  shard_train_and_save)
+from ..storage_scenarios import STORE_VARIABLE
 
 pytestmark = pytest.mark.multiprocess
 DEADLINE = 300.0
@@ -32,12 +37,14 @@ def runs(backend, tmp_path_factory):
     if lacking:  # every group starts from the checkpoints this one saves: start none
         pytest.skip(lacking["shard_train_and_save"])
     shared = tmp_path_factory.mktemp(f"sharded-{backend}")
-    first = run_group(backend, 2, [shard_train_and_save, shard_mixed_precision_and_accumulation, shard_async_save,
-                                   shard_killed_mid_save], shared, deadline=DEADLINE,
-                      kill_when=shared / "kill_now", kill_delay=0.2)
-    first.scenario(shard_train_and_save)  # the later groups load its checkpoints: its logs if it failed
-    three = run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged], shared,
-                      deadline=DEADLINE, extra_env={OPTIMIZER_FIRST: "1"}).ok()
+    with contextlib.ExitStack() as stack:  # the object store, where its packages are installed
+        store = {} if missing_store_packages() else {STORE_VARIABLE: stack.enter_context(s3_server()).bucket()}
+        first = run_group(backend, 2, [shard_train_and_save, shard_mixed_precision_and_accumulation, shard_async_save,
+                                       shard_store_round_trip, shard_killed_mid_save], shared, deadline=DEADLINE,
+                          kill_when=shared / "kill_now", kill_delay=0.2, extra_env=store)
+        first.scenario(shard_train_and_save)  # the later groups load its checkpoints: its logs if it failed
+        three = run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged, shard_store_load_from_2],
+                          shared, deadline=DEADLINE, extra_env={OPTIMIZER_FIRST: "1", **store}).ok()
     one = run_group(backend, 1, [shard_load_from_2], shared, deadline=DEADLINE).ok()
     back = run_group(backend, 2, [shard_resume_after_kill, shard_load_from_3, shard_damaged], shared,
                      deadline=DEADLINE).ok()
@@ -175,3 +182,37 @@ def test_a_save_killed_while_writing_shards_leaves_the_previous_checkpoint(runs)
         assert r["params_equal"] and r["optimizer_equal"], r
         # the killed save never became a checkpoint (its temporary folder goes at the next save)
         assert [name for name in r["listing"] if not name.startswith(".")] == ["checkpoint_0"], r
+
+
+def test_sharded_state_on_an_object_store_saves_every_process_s_own_objects_and_loads_exactly(runs):
+    rows = runs.first.scenario(shard_store_round_trip)
+    if not rows[0]["ran"]:
+        pytest.skip(missing_store_packages())
+    for r in rows:
+        if not r["supported"]:  # a backend without sharded_to_store: refused everywhere, nothing written
+            assert "to a folder only" in r["refused"] and "#object-storage-limits" in r["refused"]
+            assert not r["left"]
+            continue
+        assert r["sync_params"] and r["sync_optimizer"]
+        assert r["async_params"] and r["async_optimizer"]  # the state of the call, not of the step after it
+    main = rows[0]
+    if main["supported"]:
+        assert main["owners"] == [0, 1]  # every process wrote its own shard objects
+        assert main["objects"] == sorted(main["manifest_files"] + ["manifest.json"])  # every object listed, nothing else
+
+
+def test_a_sharded_checkpoint_on_a_store_loads_on_another_number_of_processes(runs):
+    rows = runs.three.scenario(shard_store_load_from_2)
+    if not rows[0]["ran"]:
+        pytest.skip("no sharded checkpoint on the store (no object store, or the backend saves sharded state to folders)")
+    for r in rows:
+        assert r["params_equal"] and r["optimizer_equal"] and r["changed_by_load"]
+        assert r["unpickled"] == []
+        assert r["next_step"] < 1e-6 and r["finite"]
+        _assert_refused(r["damaged"])  # read in slices by some processes, hashed after the read
+
+
+def _assert_refused(damaged):
+    """A shard object with a flipped byte: every process raised naming it, nothing restored."""
+    assert damaged["message"] is not None and damaged["object"] in damaged["message"], damaged
+    assert "checksum mismatch" in damaged["message"] and damaged["untouched"], damaged
