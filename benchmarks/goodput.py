@@ -20,6 +20,9 @@ process 1 of the group is killed once the attempt has been stepping for ``--ever
    (kill -> the new processes' first line of Python), start-up (-> the Accelerator and model set
    up), load (-> the checkpoint restored), first step. Against a fresh start plus a load: the
    fault-free run's launch -> first step plus the restarts' median load.
+3. Hangs: a run still going after ``HANG_S`` (180 s; a fault-free run takes about 15 s) is
+   stopped with its whole process group and counted as hung for that round (a result, not
+   a crash of the benchmark), apart from the figures above.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from mdtable import table  # noqa: E402
 
 JOB = ROOT / "benchmarks" / "goodput_job.py"
+HANG_S = 180.0  # a run (fault-free: ~15 s) still going after this is stopped and counted as hung
 RUNNERS = {
     "unified launch --max-restarts": lambda project, stamps, steps: [
         sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", "torch", "--max-restarts", "50",
@@ -95,8 +99,19 @@ def run_job(runner: str, steps: int, every: Optional[float], folder: str) -> Dic
     started = time.time()
     if killer:
         killer.start()
-    run = subprocess.run(RUNNERS[runner](project, stamps, steps), cwd=folder, env=env, capture_output=True, text=True,
-                         timeout=1800)
+    process = subprocess.Popen(RUNNERS[runner](project, stamps, steps), cwd=folder, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:  # a hung runner is a result: its whole group is stopped
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        if killer:
+            killer.stop.set()
+            killer.join()
+        return {"hung": True, "wall": time.time() - started, "events": read_stamps(stamps),
+                "kills": killer.kills if killer else []}
+    run = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     wall = time.time() - started
     if killer:
         killer.stop.set()
@@ -151,7 +166,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=4.0, help="seconds of stepping before each kill")
     args = parser.parse_args()
     measured: Dict[str, Dict[str, List[Any]]] = {r: {"goodput": [], "kills": [], "restarts": [], "fresh": [],
-                                                     "clean wall": [], "wall": []} for r in RUNNERS}
+                                                     "clean wall": [], "wall": [], "hung": []} for r in RUNNERS}
     for round_ in range(args.rounds):
         order = list(RUNNERS) if round_ % 2 == 0 else list(reversed(RUNNERS))
         for runner in order:
@@ -159,6 +174,12 @@ def main() -> None:
                 clean = run_job(runner, args.steps, None, clean_dir)
                 faulty = run_job(runner, args.steps, args.every, faulty_dir)
             m = measured[runner]
+            if clean.get("hung") or faulty.get("hung"):
+                m["hung"].append(f"round {round_ + 1}, {'fault-free' if clean.get('hung') else 'faulty'} run, "
+                                 f"after {len(faulty['kills'])} kill(s)")
+                print(f"round {round_ + 1}, {runner}: HUNG ({m['hung'][-1]}; stopped after {HANG_S:g} s)",
+                      file=sys.stderr, flush=True)
+                continue
             m["goodput"].append(args.steps * step_time(clean) / faulty["wall"])
             m["kills"].append(len(faulty["kills"]))
             m["restarts"] += restarts(faulty)
@@ -172,10 +193,14 @@ def main() -> None:
           f"({args.rounds} rounds)\n")
     rows = []
     for runner, m in measured.items():
-        rows.append([runner, *spread(m["goodput"], 3), " / ".join(map(str, m["kills"])),
-                     f"{statistics.median(m['wall']):.1f}", f"{statistics.median(m['clean wall']):.1f}"])
+        done = [*spread(m["goodput"], 3), " / ".join(map(str, m["kills"])), f"{statistics.median(m['wall']):.1f}",
+                f"{statistics.median(m['clean wall']):.1f}"] if m["goodput"] else ["-"] * 6
+        rows.append([runner, *done, f"{len(m['hung'])} of {args.rounds}"])
     print(table(["runner", "goodput min", "median", "max", "kills per round", "faulty wall (s, median)",
-                 "fault-free wall (s, median)"], "lrrrlrr", rows))
+                 "fault-free wall (s, median)", "rounds hung"], "lrrrlrrr", rows))
+    for runner, m in measured.items():
+        for what in m["hung"]:
+            print(f"- {runner} hung: {what} (stopped after {HANG_S:g} s; not in the figures above)")
     print("\n## A restart, from the kill to the first step of the new attempt (seconds)\n")
     rows = []
     phases = ["detection, teardown, spawn", "start-up", "load", "first step", "kill -> first step"]

@@ -1217,7 +1217,7 @@ class CheckpointManager:
             what = f"{unlisted[0]} is not listed in it" if unlisted else f"it lists no file of {self.sharded_dir}/"
             raise CheckpointError(f"{where}: names sharded arrays but {what}; refusing to let the sharded reader open it."
                                   + see("sharded-files-unlisted"))
-        return {path: store._identity(path, int(info["size"]))
+        return {path: store.identity(path, int(info["size"]))
                 for path, info in ((check_file_name(directory, name), info) for name, info in listed.items())}
 
     def _verify_sharded_tree(self, directory: str, manifest: Dict[str, Any]) -> Dict[str, Tuple[int, ...]]:

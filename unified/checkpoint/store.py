@@ -332,13 +332,13 @@ class ObjectStore:
     def read_placed(self, path: str, size: int, checksum: str, into: Mapping[str, np.ndarray]
                     ) -> Tuple[Dict[str, np.ndarray], List[str]]:
         """`read`, with the arrays named in ``into`` streamed into that memory (`safetensors_io.read_stream_placed`)."""
-        self._identity(path, size)
+        self.identity(path, size)
         with self.reading(path) as handle:  # one request per part or large array, not one per small array
             return safetensors_io.read_stream_placed(handle, path, size, checksum, into, chunk=PART_BYTES)
 
     def verify(self, path: str, size: int, checksum: str) -> Any:
         """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag."""
-        identity = self._identity(path, size)
+        identity = self.identity(path, size)
         digest, buffer = xxhash.xxh3_64(), bytearray(min(PART_BYTES, max(size, 1)))
         view, total = memoryview(buffer), 0
         with _reaching(path, "reading", CheckpointError), self._open(path) as handle:
@@ -369,11 +369,11 @@ class ObjectStore:
 
     def changed(self, path: str, identity: Any) -> bool:
         try:
-            return self._identity(path, None) != identity
+            return self.identity(path, None) != identity
         except CheckpointError:
             return True
 
-    def _identity(self, path: str, size: Optional[int]) -> Any:
+    def identity(self, path: str, size: Optional[int]) -> Any:
         """The object's ETag (a new one for every write), after its size was compared with ``size``."""
         try:
             with _reaching(path, "reading", CheckpointError):
@@ -423,7 +423,7 @@ class ObjectStore:
 
     def download(self, url: str, local: str, size: int, checksum: str) -> None:
         """Stream ``url`` into the new local file ``local``, verified (size and xxh3) as it comes."""
-        self._identity(url, size)
+        self.identity(url, size)
         digest, total = xxhash.xxh3_64(), 0
         with _reaching(url, "reading", CheckpointError), self._open(url) as handle, open(local, "xb") as target:
             while True:
