@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-13, 100 damage cases
+    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-15, 100 damage cases
     python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
              --seed N --rows 1,2,... --keep --no-picture
@@ -81,6 +81,15 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
    same `UNIFIED_RUN_ID`, so it takes the crashed run's lease over) loads exactly the parameters
    recorded before the newest committed checkpoint, and its next save leaves no prefix without a
    manifest and no unfinished multipart upload.
+14. A worker SIGKILLed, healed by the launcher: `tests/scripts/restartable.py` (2 processes, 6
+   steps, a save after each, `load_state(if_exists=True)` at the start) under `unified launch
+   --max-restarts 2`; a random process kills itself at a random step (1-4), before its step or
+   after its save. Pass: the launcher exits 0 with exactly one restart, and both processes end
+   with the parameter hash of an uninterrupted run. "worst time": the kill -> the new attempt's
+   first step.
+15. A crash at start-up: every attempt exits 3 before its first step, under `--max-restarts N`
+   (N random, 1-3). Pass: exactly N restarts, "gave up after N restart(s)" in the log, a
+   non-zero exit. "worst time": the launcher's whole run.
 """
 from __future__ import annotations
 
@@ -745,6 +754,80 @@ def rows_network(backend: str, trials: int, rng: random.Random, work: Path, time
     return rows
 
 
+# -- 14-15. jobs that heal themselves: unified launch --max-restarts (issue 26) ------------------------------------
+RESTARTABLE = ROOT / "tests" / "scripts" / "restartable.py"
+
+
+def _launch_restartable(backend: str, project: Path, mode: str, restarts: int, timeout: float = 400.0
+                        ) -> "tuple[subprocess.CompletedProcess, float]":
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "unified", "launch", "-n", "2", "--backend", backend,
+                           "--max-restarts", str(restarts), str(RESTARTABLE), str(project), mode],
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": WORKER_PATH, **JAX_CACHE})
+    return done, time.monotonic() - start
+
+
+def _tagged(output: str, tag: str) -> Dict[int, str]:
+    import re
+
+    return {int(m.group(1)): m.group(2) for m in re.finditer(rf"^\[(\d+)\] {tag} (.*)$", output, re.M)}
+
+
+def row_killed_worker_healed(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
+    """Row 14: `tests/scripts/restartable.py` (2 processes, 6 steps, a save after each) under
+    `unified launch --max-restarts 2`; a random process SIGKILLs itself at a random step, before
+    its step (the other is in the step's collectives) or after its save."""
+    row = Row("14 worker SIGKILLed, healed by unified launch --max-restarts", backend)
+    clean, _ = _launch_restartable(backend, work / f"r14-{backend}-clean", "none", 0)
+    expected = {rank: json.loads(text)["hash"] for rank, text in _tagged(clean.stdout, "RESULT").items()}
+    if clean.returncode != 0 or sorted(expected) != [0, 1]:
+        row.record(False, f"the uninterrupted run failed: {clean.stderr[-1500:]}")
+        return row
+    gaps: List[float] = []
+    for t in range(trials):
+        step, rank, when = rng.randint(1, 4), rng.randrange(2), rng.choice(["before-step", "after-save"])
+        done, wall = _launch_restartable(backend, work / f"r14-{backend}-{t}", f"kill:{step}:{rank}:{when}", 2)
+        got = {r: json.loads(text) for r, text in _tagged(done.stdout, "RESULT").items()}
+        killed, resumed = _tagged(done.stdout, "KILLED"), _tagged(done.stdout, "RESUMED")
+        problems = []
+        if done.returncode != 0:
+            problems.append(f"launcher exited {done.returncode}")
+        if sorted(got) != [0, 1] or any(got[r]["hash"] != expected[r] for r in got):
+            problems.append(f"parameters differ from the uninterrupted run ({got})")
+        if any(g.get("restart_count") != 1 for g in got.values()):
+            problems.append("not exactly one restart")
+        gap = float(resumed[0]) - float(killed[rank]) if rank in killed and 0 in resumed else None
+        if gap is not None:
+            gaps.append(gap)
+        row.record(not problems, f"trial {t}: process {rank} killed at step {step} {when}: " + "; ".join(problems), gap)
+    gaps.sort()
+    row.notes = ("2 processes, 6 steps, a save per step; kill -> the new attempt's first step: "
+                 + (f"median {gaps[len(gaps) // 2]:.1f} s, worst {gaps[-1]:.1f} s" if gaps else "n/a")
+                 + "; time = that gap (detection, teardown, start-up, load)")
+    return row
+
+
+def row_crash_at_start(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
+    """Row 15: every attempt exits 3 before its first step, under `--max-restarts N` (N random in
+    1-3): the launcher stops after N restarts, says so, and exits non-zero."""
+    row = Row("15 crash at start-up, every attempt", backend)
+    for t in range(trials):
+        restarts = rng.randint(1, 3)
+        done, wall = _launch_restartable(backend, work / f"r15-{backend}-{t}", "crash-at-start", restarts)
+        problems = []
+        if done.returncode == 0:
+            problems.append("the launcher exited 0")
+        starts = done.stderr.count("starting the group again")
+        if starts != restarts:
+            problems.append(f"{starts} restarts, not {restarts}")
+        if f"gave up after {restarts} restart(s)" not in done.stderr:
+            problems.append("no 'gave up after N restart(s)' line")
+        row.record(not problems, f"trial {t} (--max-restarts {restarts}): " + "; ".join(problems), wall)
+    row.notes = "--max-restarts 1-3 at random; time = the launcher's whole run (every attempt, then giving up)"
+    return row
+
+
 # -- driver ------------------------------------------------------------------------------------------------------------
 # -- 12. an object store out of reach on one process ------------------------------------------------------
 def row_store_unreachable(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
@@ -836,6 +919,12 @@ def row_store_save_kill(backend: str, trials: int, rng: random.Random, work: Pat
 
 def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work: Path, wanted: Set[int]) -> List[Row]:
     rows: List[Row] = []
+    if 14 in wanted:
+        rows.append(row_killed_worker_healed(backend, args.trials, rng, work))
+        print(f"  [{backend}] row 14 done ({time.monotonic() - START:.0f} s)", flush=True)
+    if 15 in wanted:
+        rows.append(row_crash_at_start(backend, args.trials, rng, work))
+        print(f"  [{backend}] row 15 done ({time.monotonic() - START:.0f} s)", flush=True)
     if 12 in wanted:
         rows.append(row_store_unreachable(backend, args.trials, rng, work))
         print(f"  [{backend}] row 12 done ({time.monotonic() - START:.0f} s)", flush=True)
@@ -959,7 +1048,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.timeout = args.timeout if args.timeout is not None else (5.0 if args.short else 10.0)
     args.max_kill_delay = args.max_kill_delay if args.max_kill_delay is not None else (1.5 if args.short else 3.0)
     seed = args.seed if args.seed is not None else int(time.time())
-    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11,12,13")
+    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15")
     wanted = {int(x) for x in args.rows.split(",")}
     work = Path(tempfile.mkdtemp(prefix="unified-faults-"))
     if not args.no_jax_cache:

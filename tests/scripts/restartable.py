@@ -7,7 +7,10 @@ MODE: ``none``; ``kill-once`` (process 1 SIGKILLs itself after the save of step 
 attempt only; the MLflow tracker logs every step and every attempt prints the
 runs it logs into: ``TRACKERS {json}``); ``crash-at-start`` (every attempt exits with 3 before its first step);
 ``preempt`` (process 0 gets SIGUSR1 after step 2, as from a scheduler: every process saves and
-exits as preempted, 75, through ``exit_if_preempted``).
+exits as preempted, 75, through ``exit_if_preempted``); ``kill:STEP:RANK:WHEN`` (process RANK
+SIGKILLs itself at STEP on the first attempt, WHEN ``before-step`` or ``after-save``, printing
+``KILLED {time}`` first; every attempt after the first prints ``RESUMED {time}`` before its first
+step: benchmarks/faults.py row 14).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from unified import Accelerator, ProjectConfiguration
 from unified.tracking import available_trackers
@@ -36,12 +40,20 @@ def main(project_dir: str, mode: str) -> int:
     if mode == "crash-at-start":
         raise SystemExit(3)
     first = training.counter.steps
+    kill = mode.split(":")[1:] if mode.startswith("kill:") else None
+    if acc.restart_count and acc.is_main_process:
+        print(f"RESUMED {time.time()}", flush=True)
     for step in range(first, STEPS):
+        if kill and acc.restart_count == 0 and int(kill[0]) == step and int(kill[1]) == acc.process_index:
+            if kill[2] == "before-step":
+                _die()
         training.step()
         acc.log({"step_done": step}, step=step)
         acc.save_state()
         if mode == "kill-once" and acc.restart_count == 0 and step == 3 and acc.process_index == 1:
             os.kill(os.getpid(), signal.SIGKILL)
+        if kill and acc.restart_count == 0 and int(kill[0]) == step and int(kill[1]) == acc.process_index:
+            _die()
         if mode == "preempt" and step == 2 and acc.process_index == 0:
             os.kill(os.getpid(), signal.SIGUSR1)
         if acc.check_trigger():
@@ -52,6 +64,11 @@ def main(project_dir: str, mode: str) -> int:
                                   "resumed": resumed is not None, "first_step": first}), flush=True)
     acc.end_training()
     return 0
+
+
+def _die() -> None:
+    print(f"KILLED {time.time()}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
