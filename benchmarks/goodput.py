@@ -134,8 +134,11 @@ def first_step(result: Dict[str, Any]) -> float:
 def restarts(result: Dict[str, Any]) -> List[Dict[str, float]]:
     """Per kill: the phases of the attempt that followed it (the group's slowest process)."""
     events, out = result["events"], []
-    for kill in result["kills"]:
-        after = [e for e in events if e["t"] > kill]
+    kills = result["kills"]
+    for kill, next_kill in zip(kills, kills[1:] + [float("inf")]):
+        # only the attempt this kill started: the events before the next kill (counting a later
+        # attempt's start here once made every restart but the last look 4 s slower)
+        after = [e for e in events if kill < e["t"] < next_kill]
         starts = [e for e in after if e["event"] == "start"]
         if not starts:
             continue
