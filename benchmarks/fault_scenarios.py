@@ -111,24 +111,8 @@ def fault_train_kill(state: dict) -> dict:
 @scenario(requires=("TrainingObjects",))
 def fault_save_loop(state: dict) -> dict:
     """`scenarios.ckpt_save_loop` with the save mode fixed by FAULT_SAVE_MODE (sync / async)."""
-    from unified.testing.training import make
-
-    acc = scenarios._project_acc(state, total_limit=3)
-    run = make(acc)
-    expected = _shared("expected.jsonl")
-    async_save = os.environ["FAULT_SAVE_MODE"] == "async"
-    for i in range(100_000):
-        run.step()
-        if acc.is_main_process:
-            with open(expected, "a") as handle:
-                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
-        acc.save_state(async_save=async_save)
-        if i == 0:
-            if async_save:
-                acc.wait_for_checkpoint()
-            if acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
-                open(_shared("ready"), "w").close()
-    return {"never": "reached"}
+    asynchronous = os.environ["FAULT_SAVE_MODE"] == "async"
+    return scenarios.save_until_killed(scenarios._project_acc(state, total_limit=3), lambda i: asynchronous)
 
 
 # -- 3/4. damaged and hostile checkpoints -------------------------------------------------------------------
@@ -413,20 +397,7 @@ def _store_project_acc(state: dict) -> Accelerator:
 def fault_store_save_loop(state: dict) -> dict:
     """Save to the store after every step until the parent kills the group; the main process
     appends each save's iteration and parameter hash to expected.jsonl before the save."""
-    from unified.testing.training import make
-
-    acc = _store_project_acc(state)
-    run = make(acc)
-    expected = _shared("expected.jsonl")
-    for i in range(100_000):
-        run.step()
-        if acc.is_main_process:
-            with open(expected, "a") as handle:
-                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
-        acc.save_state()
-        if i == 0 and acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
-            open(_shared("ready"), "w").close()
-    return {"never": "reached"}
+    return scenarios.save_until_killed(_store_project_acc(state), lambda i: False)
 
 
 @scenario(requires=("TrainingObjects",))

@@ -289,6 +289,24 @@ def _loaded_as_saved(rows: List[dict], expected: Dict[int, str]) -> List[str]:
     return problems
 
 
+def _kill_then_load(backend: str, shared: Path, save_loop: Callable, load: Callable, delay: float,
+                    save_env: Dict[str, str], load_env: Dict[str, str]) -> "tuple[Optional[str], List[dict], Dict[int, str]]":
+    """A group of 2 running ``save_loop`` SIGKILLed ``delay`` s after its first checkpoint, then a
+    new group running ``load``: (what went wrong or None, each process's ``load`` result, the
+    hashes the loop recorded before each save)."""
+    crashed = run_group(backend, 2, [save_loop], shared, extra_env=save_env, kill_when=shared / "ready",
+                        kill_delay=delay, deadline=120)
+    if not all(rc == -9 for rc in crashed.returncodes):
+        return (f"the group did not run until killed (exit codes {crashed.returncodes}): "
+                f"{_group_failed(crashed, save_loop)}", [], {})
+    expected = _expected_hashes(shared)
+    loaded = run_group(backend, 2, [load], shared, extra_env=load_env, deadline=120)
+    failed = _group_failed(loaded, load)
+    if failed:
+        return f"load after the crash failed: {failed}", [], expected
+    return None, loaded.scenario(load), expected
+
+
 def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max_delay: float) -> Row:
     row = Row("2 group SIGKILLed during save_state", backend)
     per_mode = {"sync": [0, 0], "async": [0, 0]}
@@ -300,20 +318,12 @@ def row_save_kill(backend: str, trials: int, rng: random.Random, work: Path, max
         delay = rng.uniform(0.2, max_delay)
         what = f"trial {t} ({mode}, kill {delay:.2f} s after the first checkpoint)"
         per_mode[mode][0] += 1
-        crashed = run_group(backend, 2, [fs.fault_save_loop], shared, extra_env=_env(shared, FAULT_SAVE_MODE=mode),
-                            kill_when=shared / "ready", kill_delay=delay, deadline=120)
-        if not all(rc == -9 for rc in crashed.returncodes):
-            row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
-                              f"{_group_failed(crashed, fs.fault_save_loop)}")
-            continue
-        expected = _expected_hashes(shared)
-        saves.append(len(expected))
-        loaded = run_group(backend, 2, [ckpt_load_newest], shared, extra_env=_env(shared), deadline=120)
-        failed = _group_failed(loaded, ckpt_load_newest)
+        failed, rows, expected = _kill_then_load(backend, shared, fs.fault_save_loop, ckpt_load_newest, delay,
+                                                 _env(shared, FAULT_SAVE_MODE=mode), _env(shared))
         if failed:
-            row.record(False, f"{what}: load after the crash failed: {failed}")
+            row.record(False, f"{what}: {failed}")
             continue
-        rows = [r["ckpt_load_newest"] for r in loaded.results]
+        saves.append(len(expected))
         problems = _loaded_as_saved(rows, expected)
         if rows[0]["leftovers"]:
             problems.append(f"temporaries left after a new save: {rows[0]['leftovers']}")
@@ -892,19 +902,11 @@ def row_store_save_kill(backend: str, trials: int, rng: random.Random, work: Pat
             delay = rng.uniform(0.2, max_delay)
             what = f"trial {t} (kill {delay:.2f} s after the first checkpoint)"
             env = _env(shared, **{STORE_VARIABLE: server.bucket(), "UNIFIED_RUN_ID": f"faults-13-{backend}-{t}"})
-            crashed = run_group(backend, 2, [fs.fault_store_save_loop], shared, extra_env=env,
-                                kill_when=shared / "ready", kill_delay=delay, deadline=120)
-            if not all(rc == -9 for rc in crashed.returncodes):
-                row.record(False, f"{what}: the group did not run until killed (exit codes {crashed.returncodes}): "
-                                  f"{_group_failed(crashed, fs.fault_store_save_loop)}")
-                continue
-            expected = _expected_hashes(shared)
-            loaded = run_group(backend, 2, [fs.fault_store_load_newest], shared, extra_env=env, deadline=120)
-            failed = _group_failed(loaded, fs.fault_store_load_newest)
+            failed, got, expected = _kill_then_load(backend, shared, fs.fault_store_save_loop,
+                                                    fs.fault_store_load_newest, delay, env, env)
             if failed:
-                row.record(False, f"{what}: load after the crash failed: {failed}")
+                row.record(False, f"{what}: {failed}")
                 continue
-            got = [r["fault_store_load_newest"] for r in loaded.results]
             problems = _loaded_as_saved(got, expected)
             if got[0]["uncommitted"]:
                 problems.append(f"prefixes without a manifest left after a new save: {got[0]['uncommitted']}")

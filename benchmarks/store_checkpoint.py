@@ -56,14 +56,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import checkpoint as local  # noqa: E402  (benchmarks/checkpoint.py: the same objects and round trip)
 from memory import PeakMemory  # noqa: E402
+from unified.launch import free_port  # noqa: E402
 
 GB = local.GB
+_log = local._log
 PART_BYTES = 32 << 20
 RAW_TARGET = 1.3  # issue 29: ours within 1.3x the raw transfer
-
-
-def _log(*args: Any) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 def _store() -> Any:
@@ -269,14 +267,8 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 # -- parent -----------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _start_server() -> "tuple[subprocess.Popen, str]":
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([shutil.which("moto_server") or "moto_server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"

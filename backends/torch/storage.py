@@ -88,7 +88,7 @@ class HashingWriter(HuggingFaceStorageWriter):
             fqn = item.index.fqn
             arrays[fqn] = export_tensor(planner.resolve_data(item))
             offsets[fqn] = {_SAVED_OFFSETS: list(item.tensor_data.chunk.offsets)}
-        path = f"{self.target.rstrip('/')}/{name}" if is_url(self.target) else os.path.join(self.target, name)
+        path = os.path.join(self.target, name)  # a folder's path or an object's URL
         written = location_of(path).write(path, arrays, live=False, metadata={
             _SHARDING_INFO: json.dumps(offsets), "DCP_VERSION": "1.0", "format": "pt"})
         self.written[name] = written

@@ -164,17 +164,8 @@ def read_stream_placed(handle: Any, path: str, size: int, checksum: str, into: M
     """
     digest = xxhash.xxh3_64()
     placing = Placing(into)
-
-    def exact(count: int) -> bytes:
-        data = handle.read(count)
-        if len(data) != count:
-            raise CheckpointError(f"{path}: the object ended after fewer bytes than the {size} it has; nothing was "
-                                  "restored." + see("file-ended"))
-        digest.update(data)
-        return data
-
-    length = _header_length(exact(min(8, size)), size - 8, path)
-    arrays, spans = placing.lay_out(exact(length), size - 8 - length, path)
+    length, header = _stream_header(handle, path, size, digest)
+    arrays, spans = placing.lay_out(header, size - 8 - length, path)
     _stream_into(handle, spans, digest, path, size, chunk)
     if digest.hexdigest() != checksum:
         raise checksum_mismatch(path)
@@ -195,7 +186,16 @@ def read_stream_into(handle: Any, path: str, size: int,
         ...     read_stream_into(f, "model.safetensors", 140, lambda key, dtype, shape: out)
     """
     digest = xxhash.xxh3_64()
+    length, header = _stream_header(handle, path, size, digest)
+    arrays, starts = _lay_out(header, size - 8 - length, path, _checked_destination(destination))
+    if any(array is None for array in arrays.values()):
+        return None
+    _stream_into(handle, _in_file_order(arrays, starts), digest, path, size, chunk)
+    return {"size": size, "xxh3": digest.hexdigest()}
 
+
+def _stream_header(handle: Any, path: str, size: int, digest: Any) -> Tuple[int, bytes]:
+    """The header's length and bytes, read from the start of a stream of ``size`` bytes and hashed."""
     def exact(count: int) -> bytes:
         data = handle.read(count)
         if len(data) != count:
@@ -205,11 +205,7 @@ def read_stream_into(handle: Any, path: str, size: int,
         return data
 
     length = _header_length(exact(min(8, size)), size - 8, path)
-    arrays, starts = _lay_out(exact(length), size - 8 - length, path, _checked_destination(destination))
-    if any(array is None for array in arrays.values()):
-        return None
-    _stream_into(handle, _in_file_order(arrays, starts), digest, path, size, chunk)
-    return {"size": size, "xxh3": digest.hexdigest()}
+    return length, exact(length)
 
 
 def _stream_into(handle: Any, spans: Sequence[Tuple[int, np.ndarray]], digest: Any, path: str, size: int,
@@ -258,6 +254,17 @@ def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
         ...     header_of(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
         (80, {'w': ('F32', (3,), 0, 12)}, {})
     """
+    start, header, entries = _header_at(read_at, path, size)
+    metadata = json.loads(header).get("__metadata__") or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _not_safetensors(path, "__metadata__ is not a mapping of strings")
+    return start, entries, metadata
+
+
+def _header_at(read_at: Callable[[int, int], bytes], path: str, size: int
+               ) -> Tuple[int, bytes, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
+    """The data start, the header's bytes and ``{name: (safetensors dtype, shape, start, end)}``
+    of a safetensors file read with ``read_at`` (checked as `read` checks it)."""
     length = _header_length(read_at(0, min(8, size)), size - 8, path)
     header = read_at(8, length)
     if len(header) != length:
@@ -268,10 +275,7 @@ def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
         entries[key] = (safetensors_dtype(dtype), tuple(shape), start, start + math.prod(shape) * dtype.itemsize)
 
     _lay_out(header, size - 8 - length, path, note)
-    metadata = json.loads(header).get("__metadata__") or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _not_safetensors(path, "__metadata__ is not a mapping of strings")
-    return 8 + length, entries, metadata
+    return 8 + length, header, entries
 
 
 def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -284,17 +288,7 @@ def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict
         ...     describe(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
         {'w': ('F32', (3,))}
     """
-    length = _header_length(read_at(0, min(8, size)), size - 8, path)
-    header = read_at(8, length)
-    if len(header) != length:
-        raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
-    described: Dict[str, Tuple[str, Tuple[int, ...]]] = {}
-
-    def note(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> None:
-        described[key] = (safetensors_dtype(dtype), tuple(shape))
-
-    _lay_out(header, size - 8 - length, path, note)
-    return described
+    return {key: (dtype, shape) for key, (dtype, shape, _, _) in _header_at(read_at, path, size)[2].items()}
 
 
 def describe_file(path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:

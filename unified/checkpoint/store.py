@@ -231,12 +231,7 @@ class ObjectStore:
         return data
 
     def size_of(self, path: str) -> int:
-        try:
-            with _reaching(path, "reading", CheckpointError):
-                return int(self.fs.info(self._path(path), refresh=True)["size"])
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
-                                  + see("cannot-open-file")) from err
+        return int(self._info(path)["size"])
 
     @contextlib.contextmanager
     def reading(self, path: str) -> Iterator[Any]:
@@ -338,6 +333,15 @@ class ObjectStore:
 
     def verify(self, path: str, size: int, checksum: str) -> Any:
         """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag."""
+        def keep_head(at: int, chunk: memoryview) -> None:
+            if not at:  # the header, for `describe` (no request of its own)
+                self._heads[path] = bytes(chunk[:_HEAD_BYTES])
+
+        return self._stream_verified(path, size, checksum, keep_head)
+
+    def _stream_verified(self, path: str, size: int, checksum: str, each: Any) -> Any:
+        """Stream the object through one bounded buffer, hashing it and handing each chunk to
+        ``each(offset, chunk)``; compares size and xxh3 with the manifest's and returns the ETag."""
         identity = self.identity(path, size)
         digest, buffer = xxhash.xxh3_64(), bytearray(min(PART_BYTES, max(size, 1)))
         view, total = memoryview(buffer), 0
@@ -346,8 +350,7 @@ class ObjectStore:
                 count = handle.readinto(view)
                 if not count:
                     break
-                if not total:  # the header, for `describe` (no request of its own)
-                    self._heads[path] = bytes(view[:min(count, _HEAD_BYTES)])
+                each(total, view[:count])
                 digest.update(view[:count])
                 total += count
         if total != size:
@@ -375,15 +378,19 @@ class ObjectStore:
 
     def identity(self, path: str, size: Optional[int]) -> Any:
         """The object's ETag (a new one for every write), after its size was compared with ``size``."""
-        try:
-            with _reaching(path, "reading", CheckpointError):
-                info = self.fs.info(self._path(path), refresh=True)
-        except FileNotFoundError as err:
-            raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
-                                  + see("cannot-open-file")) from err
+        info = self._info(path)
         if size is not None and info["size"] != size:
             raise safetensors_io.size_mismatch(path, info["size"], size)
         return info.get("ETag") or (info["size"], str(info.get("LastModified")))
+
+    def _info(self, path: str) -> Dict[str, Any]:
+        """The object's metadata, asked of the store (never a cached listing)."""
+        try:
+            with _reaching(path, "reading", CheckpointError):
+                return self.fs.info(self._path(path), refresh=True)
+        except FileNotFoundError as err:
+            raise CheckpointError(f"{path}: missing from the store; the checkpoint is incomplete or was partly deleted."
+                                  + see("cannot-open-file")) from err
 
     def _open(self, path: str) -> Any:
         return self.fs.open(self._path(path), "rb", block_size=PART_BYTES, cache_type="none")
@@ -423,20 +430,8 @@ class ObjectStore:
 
     def download(self, url: str, local: str, size: int, checksum: str) -> None:
         """Stream ``url`` into the new local file ``local``, verified (size and xxh3) as it comes."""
-        self.identity(url, size)
-        digest, total = xxhash.xxh3_64(), 0
-        with _reaching(url, "reading", CheckpointError), self._open(url) as handle, open(local, "xb") as target:
-            while True:
-                chunk = handle.read(PART_BYTES)
-                if not chunk:
-                    break
-                digest.update(chunk)
-                target.write(chunk)
-                total += len(chunk)
-        if total != size:
-            raise safetensors_io.size_mismatch(url, total, size)
-        if digest.hexdigest() != checksum:
-            raise safetensors_io.checksum_mismatch(url)
+        with open(local, "xb") as target:
+            self._stream_verified(url, size, checksum, lambda at, chunk: target.write(chunk))
 
 
 def _filesystem(url: str) -> Tuple[Any, str]:

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -314,19 +315,30 @@ def ckpt_save_loop(state: dict) -> dict:
 
     Before each save the main process appends the parameter hash that checkpoint will hold.
     """
+    return save_until_killed(_project_acc(state, total_limit=3), lambda i: bool(i % 2))
+
+
+def save_until_killed(acc: Accelerator, async_save: Callable[[int], bool]) -> dict:
+    """A training step and a save (``async_save(i)``: the i-th one asynchronous?) over and over
+    until the parent SIGKILLs the group. Before each save the main process appends the iteration
+    and the parameter hash that checkpoint will hold to ``expected.jsonl``; once the first
+    checkpoint is committed it leaves ``ready`` in the shared folder (the parent kills from then on)."""
     from .training import make
 
-    acc = _project_acc(state, total_limit=3)
     run = make(acc)
     expected = _shared("expected.jsonl")
-    for i in range(10_000):
+    for i in range(100_000):
         run.step()
         if acc.is_main_process:
             with open(expected, "a") as handle:
                 handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
-        acc.save_state(async_save=bool(i % 2))
-        if i == 0 and acc.is_main_process:  # one checkpoint exists: the parent may kill from now on
-            open(_shared("ready"), "w").close()
+        asynchronous = async_save(i)
+        acc.save_state(async_save=asynchronous)
+        if i == 0:
+            if asynchronous:
+                acc.wait_for_checkpoint()
+            if acc.is_main_process:
+                open(_shared("ready"), "w").close()
     return {"never": "reached"}
 
 
