@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -76,19 +78,36 @@ def test_one_failure_stops_the_group_with_a_nonzero_exit(backend, tmp_path):
     assert time.monotonic() - start < 60, "the sleeping process was not stopped"
 
 
+# the launcher's own check, then torch's store and JAX's coordinator when the port went between
+PORT_TAKEN = ("is in use", "EADDRINUSE", "Failed to start RPC server")
+
+
+def _two_machines(backend, tries=3):
+    """Both machines' outputs; the launch is retried on a new port when another test took the port
+    between free_port() and the listen (tests run side by side)."""
+    for _ in range(tries):
+        port = str(free_port())
+        common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
+                  "--main-process-port", port, "--backend", backend, str(IDENTITY)]
+        machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+                    for rank in (0, 1)]
+        first, _ = machines[0].communicate(timeout=180)
+        if machines[0].returncode != 0 and any(sign in first for sign in PORT_TAKEN):
+            os.killpg(machines[1].pid, signal.SIGKILL)      # it would wait for machine 0's store
+            machines[1].communicate()
+            continue
+        second, _ = machines[1].communicate(timeout=180)
+        for proc, out in zip(machines, (first, second)):
+            assert proc.returncode == 0, out
+        return first, second
+    raise AssertionError(f"the port was taken {tries} times in a row:\n{first}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_machines_on_loopback(backend):
-    port = str(free_port())
-    common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
-              "--main-process-port", port, "--backend", backend, str(IDENTITY)]
-    machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for rank in (0, 1)]
-    outputs = []
-    for proc in machines:
-        out, _ = proc.communicate(timeout=180)
-        outputs.append(out)
-        assert proc.returncode == 0, out
+    outputs = _two_machines(backend)
     results = {**_results(outputs[0]), **_results(outputs[1])}
     assert sorted(results) == [0, 1], outputs
     assert all(r["num"] == 2 and r["local"] == 0 and r["everyone"] == [0, 1] for r in results.values())
@@ -131,3 +150,15 @@ def test_a_machine_whose_processes_caught_a_broken_group_does_not_exit_0(backend
     assert machines[1].returncode != 0, outputs[1]
     if "[1] caught" in outputs[1]:  # the process exited 0 itself: the launcher said why it did not
         assert "the process group broke" in outputs[1], outputs[1]
+
+
+def test_a_main_port_in_use_is_refused_with_its_number(tmp_path):
+    """Not a backend's traceback from inside its store or coordinator."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        run = _launch("-n", "1", "--main-process-port", str(port), str(IDENTITY), timeout=60)
+    assert run.returncode != 0
+    assert f"port {port} on this machine is in use" in run.stderr, run.stderr
+    assert "RESULT" not in run.stdout and "Traceback" not in run.stderr, run.stdout + run.stderr

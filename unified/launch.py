@@ -116,6 +116,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _refuse_port_in_use(port: int) -> None:
+    """Machine 0 listens on the main port (torch's store, JAX's coordinator); a port some other
+    program listens on would fail deep inside the backend, so say it here."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is usable
+        try:
+            sock.bind(("", port))
+        except OSError as err:
+            raise SystemExit(f"unified launch: port {port} on this machine is in use ({err.strerror}); pass another "
+                             f"--main-process-port, the same on every machine." + see("launch-port-in-use")) from None
+
+
 def _validate(args: argparse.Namespace) -> None:
     if args.num_processes < 1:
         raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}." + see("launch-num-processes"))
@@ -606,6 +618,8 @@ def launch(args: argparse.Namespace) -> int:
         port = args.main_process_port
         if port is None:  # a fresh port for every attempt: the last one's may linger in TIME_WAIT
             port = free_port() if args.num_machines == 1 else 29500
+        if args.machine_rank == 0:
+            _refuse_port_in_use(port)
         plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
                           port, [args.script, *args.script_args])
         indices = [process.process_index for process in plan.processes(hosted=False)]
