@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-15, 100 damage cases
+    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-16, 100 damage cases
     python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
              --seed N --rows 1,2,... --keep --no-picture
@@ -90,6 +90,12 @@ whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
 15. A crash at start-up: every attempt exits 3 before its first step, under `--max-restarts N`
    (N random, 1-3). Pass: exactly N restarts, "gave up after N restart(s)" in the log, a
    non-zero exit. "worst time": the launcher's whole run.
+16. A machine lost for good: three machines (network namespaces, one process each) under
+   `unified launch --num-machines 2:3 --max-restarts 1`; after the save of a random step (1-4)
+   machine 1 or 2 loses its cable and its launcher is SIGKILLed. Pass: the two launchers left
+   exit 0 after exactly one restart onto 2 machines, and both processes resumed after that step
+   and end with exactly the parameters of the same resume done by hand (3 processes, then 2).
+   "worst time": the loss -> the end of the job. Skipped where namespaces cannot be made.
 """
 from __future__ import annotations
 
@@ -838,6 +844,43 @@ def row_crash_at_start(backend: str, trials: int, rng: random.Random, work: Path
     return row
 
 
+def row_machine_lost(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
+    """Row 16: three machines (network namespaces) under `--num-machines 2:3 --max-restarts 1`;
+    after the save of a random step (1-4), machine 1 or 2 (machine 0 hosts the rendezvous) loses
+    its cable and its launcher is SIGKILLed: the job must finish on the two left, resumed on 2
+    processes with exactly the parameters of the same resume done by hand
+    (`unified.testing.multihost.run_machine_loss`)."""
+    row = Row("16 machine lost for good, --num-machines 2:3", backend)
+    from unified.testing.multihost import resumed_by_hand, run_machine_loss
+    from unified.testing.netns import unavailable
+
+    reason = unavailable()
+    if reason:
+        row.skipped, row.notes = True, f"skipped: {reason}"
+        return row
+    env = {"PYTHONPATH": WORKER_PATH, **JAX_CACHE}
+    references: Dict[int, Dict[int, dict]] = {}
+    times: List[float] = []
+    for t in range(trials):
+        step, victim = rng.randint(1, 4), rng.choice([1, 2])
+        if step not in references:
+            references[step] = resumed_by_hand(backend, RESTARTABLE, work / f"r16-{backend}-ref{step}", steps=step + 1,
+                                               before=3, after=2, env=env)
+        shared = work / f"r16-{backend}-{t}"
+        shared.mkdir()
+        trial = run_machine_loss(backend, RESTARTABLE, shared, victim=victim, step=step, expected=references[step],
+                                 env=env)
+        if trial.to_end is not None:
+            times.append(trial.to_end)
+        row.record(not trial.problems, f"trial {t}: machine {victim} lost after step {step}: "
+                   + "; ".join(trial.problems), trial.to_end)
+    times.sort()
+    row.notes = ("3 machines, 1 process each, 6 steps, a save per step; time = from the loss to the end of the job "
+                 "(detection 15 s or the collective's timeout 20 s, a new attempt on 2, the rest of the steps): "
+                 + (f"median {times[len(times) // 2]:.1f} s" if times else "n/a"))
+    return row
+
+
 # -- driver ------------------------------------------------------------------------------------------------------------
 # -- 12. an object store out of reach on one process ------------------------------------------------------
 def row_store_unreachable(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
@@ -927,6 +970,9 @@ def run_backend(backend: str, args: argparse.Namespace, rng: random.Random, work
     if 15 in wanted:
         rows.append(row_crash_at_start(backend, args.trials, rng, work))
         print(f"  [{backend}] row 15 done ({time.monotonic() - START:.0f} s)", flush=True)
+    if 16 in wanted:
+        rows.append(row_machine_lost(backend, args.trials, rng, work))
+        print(f"  [{backend}] row 16 done ({time.monotonic() - START:.0f} s)", flush=True)
     if 12 in wanted:
         rows.append(row_store_unreachable(backend, args.trials, rng, work))
         print(f"  [{backend}] row 12 done ({time.monotonic() - START:.0f} s)", flush=True)
@@ -1050,7 +1096,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.timeout = args.timeout if args.timeout is not None else (5.0 if args.short else 10.0)
     args.max_kill_delay = args.max_kill_delay if args.max_kill_delay is not None else (1.5 if args.short else 3.0)
     seed = args.seed if args.seed is not None else int(time.time())
-    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15")
+    args.rows = args.rows or ("1,2,3,4,5,6" if args.short else "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16")
     wanted = {int(x) for x in args.rows.split(",")}
     work = Path(tempfile.mkdtemp(prefix="unified-faults-"))
     if not args.no_jax_cache:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import BACKENDS
-from unified.launch import free_port
+from .loopback import launch_machines
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,36 +77,12 @@ def test_one_failure_stops_the_group_with_a_nonzero_exit(backend, tmp_path):
     assert time.monotonic() - start < 60, "the sleeping process was not stopped"
 
 
-# the launcher's own check, then torch's store and JAX's coordinator when the port went between
-PORT_TAKEN = ("is in use", "EADDRINUSE", "Failed to start RPC server")
-
-
-def _two_machines(backend, tries=3):
-    """Both machines' outputs; the launch is retried on a new port when another test took the port
-    between free_port() and the listen (tests run side by side)."""
-    for _ in range(tries):
-        port = str(free_port())
-        common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
-                  "--main-process-port", port, "--backend", backend, str(IDENTITY)]
-        machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-                    for rank in (0, 1)]
-        first, _ = machines[0].communicate(timeout=180)
-        if machines[0].returncode != 0 and any(sign in first for sign in PORT_TAKEN):
-            os.killpg(machines[1].pid, signal.SIGKILL)      # it would wait for machine 0's store
-            machines[1].communicate()
-            continue
-        second, _ = machines[1].communicate(timeout=180)
-        for proc, out in zip(machines, (first, second)):
-            assert proc.returncode == 0, out
-        return first, second
-    raise AssertionError(f"the port was taken {tries} times in a row:\n{first}")
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_machines_on_loopback(backend):
-    outputs = _two_machines(backend)
+    runs = launch_machines(2, ["-n", "1", "--backend", backend], [IDENTITY], timeout=180)
+    for run in runs:
+        assert run.returncode == 0, run.stdout
+    outputs = [run.stdout for run in runs]
     results = {**_results(outputs[0]), **_results(outputs[1])}
     assert sorted(results) == [0, 1], outputs
     assert all(r["num"] == 2 and r["local"] == 0 and r["everyone"] == [0, 1] for r in results.values())
@@ -139,13 +114,8 @@ def test_a_machine_whose_processes_caught_a_broken_group_does_not_exit_0(backend
         "try:\n    acc.wait_for_everyone(timeout=20)\n"
         "except unified.DistributedError as err:\n    print('caught', type(err).__name__, flush=True)\n"
     )
-    port = str(free_port())
-    common = ["--num-processes", "1", "--num-machines", "2", "--main-process-ip", "127.0.0.1",
-              "--main-process-port", port, "--backend", backend, str(script)]
-    machines = [subprocess.Popen([sys.executable, "-m", "unified", "launch", "--machine-rank", str(rank), *common],
-                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for rank in (0, 1)]
-    outputs = [proc.communicate(timeout=180)[0] for proc in machines]
+    machines = launch_machines(2, ["-n", "1", "--backend", backend], [script], timeout=180)
+    outputs = [run.stdout for run in machines]
     assert machines[0].returncode != 0, outputs[0]
     assert machines[1].returncode != 0, outputs[1]
     if "[1] caught" in outputs[1]:  # the process exited 0 itself: the launcher said why it did not

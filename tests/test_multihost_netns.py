@@ -8,12 +8,16 @@ network namespaces cannot be made (no root / CAP_NET_ADMIN). The fault benchmark
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from .conftest import BACKENDS
-from unified.testing.multihost import launch, run_fault
+from unified.testing.multihost import launch, resumed_by_hand, run_fault, run_machine_loss
 from unified.testing.multihost_scenarios import mh_normal
 from unified.testing.netns import Machines, unavailable
 
@@ -30,10 +34,6 @@ def netns():
 
 def test_each_machine_routes_to_machine_0_from_its_own_address(netns):
     """What both backends bind their collectives to (unified/network.py), seen from inside."""
-    import json
-    import subprocess
-    import sys
-
     probe = "import json, sys; from unified.network import route_to; print(json.dumps(route_to(sys.argv[1])))"
     with Machines(2) as machines:
         seen = [json.loads(subprocess.run(machines.argv(m, sys.executable, "-c", probe, machines.address(0)),
@@ -77,3 +77,20 @@ FAULTS = [(b, fault, victim) for i, b in enumerate(BACKENDS)
 def test_network_faults_raise_everywhere_within_the_timeout(netns, backend, fault, victim, tmp_path):
     trial = run_fault(backend, fault, tmp_path, victim=victim, timeout=5.0, delay=0.5)
     assert not trial.problems, "\n".join(trial.problems)
+
+
+RESTARTABLE = Path(__file__).resolve().parent / "scripts" / "restartable.py"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_machine_lost_for_good_the_job_finishes_on_the_machines_left(netns, backend, tmp_path):
+    """``--num-machines 2:3 --max-restarts 1``: after the save of step 3, machine 2's cable is
+    pulled and its launcher SIGKILLed (the machine is gone). Machines 0 and 1 stop their attempt,
+    agree on a second one without machine 2, resume the 3-process checkpoint on 2 processes and
+    end with exactly the parameters of the same resume done by hand (the per-process random
+    streams make a run's parameters depend on its process count)."""
+    expected = resumed_by_hand(backend, RESTARTABLE, tmp_path / "by-hand", steps=4, before=3, after=2)
+    assert sorted(expected) == [0, 1] and expected[0]["first_step"] == 4, expected
+    trial = run_machine_loss(backend, RESTARTABLE, tmp_path, victim=2, step=3, expected=expected)
+    assert not trial.problems, "\n".join(trial.problems) + "\n" + trial.logs
+    print(f"machine lost -> job finished on 2 machines in {trial.to_end:.1f} s")

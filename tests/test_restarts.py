@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import BACKENDS
+from .loopback import launch_machines
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,3 +78,34 @@ def test_a_crash_at_start_up_stops_after_the_restarts_and_a_preemption_is_not_re
     preempted = _launch(backend, tmp_path / "preempt", "preempt", 2)
     assert preempted.returncode == 75, preempted.stdout[-2000:] + preempted.stderr[-2000:]
     assert "starting the group again" not in preempted.stderr, preempted.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_machines_restart_together_and_give_up_together(backend, tmp_path):
+    """Two launchers on loopback (one process each) agree on every attempt at machine 0's
+    rendezvous: process 1 (machine 1) SIGKILLs itself after step 3's save, both machines start
+    again and end with the parameters of an uninterrupted run; a crash at start-up every time
+    stops both after the restarts."""
+    clean = _launch(backend, tmp_path / "clean", "none", 0)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    expected = _results(clean.stdout)
+
+    args = ["-n", "1", "--backend", backend, "--max-restarts", "2"]
+    healed = launch_machines(2, args, [SCRIPT, tmp_path / "healed", "kill-once"])
+    outputs = [run.stdout for run in healed]
+    for run in healed:
+        assert run.returncode == 0, "\n\n".join(outputs)[-6000:]
+    assert "restart 1 of 2: attempt 1 ended after" in outputs[0] and "restart 1 of 2" in outputs[1], outputs
+    assert "restart 2 of 2" not in "".join(outputs)
+    got = {**_results(outputs[0]), **_results(outputs[1])}
+    assert sorted(got) == [0, 1] and 0 in _results(outputs[0]), outputs
+    for rank in (0, 1):
+        assert got[rank]["restart_count"] == 1 and got[rank]["first_step"] == 4, got
+        assert got[rank]["hash"] == expected[rank]["hash"], (got, expected)
+
+    crashing = launch_machines(2, ["-n", "1", "--backend", backend, "--max-restarts", "1"],
+                               [SCRIPT, tmp_path / "crash", "crash-at-start"])
+    for run in crashing:
+        assert run.returncode != 0, run.stdout[-3000:]
+        assert "the job gave up" in run.stdout and "after 1 restart(s)" in run.stdout, run.stdout[-3000:]
+        assert run.stdout.count("joining the next attempt") == 1, run.stdout[-3000:]

@@ -38,6 +38,8 @@ from .logging import PROGRESS_INTERVAL
 from .parent_watch import PARENT_VARIABLE, watched
 from .preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, SIGNALS_VARIABLE, STATUS_DIR_VARIABLE, read_statuses,
                          resolve_preemption_signals, signal_names)
+from . import rendezvous as together
+from .rendezvous import Layout, Rendezvous, RendezvousClient, RendezvousLost, RendezvousServer, free_port_everywhere
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
@@ -71,7 +73,10 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                         help="backend of the group (default: UNIFIED_BACKEND, else the installed one, else torch)")
     parser.add_argument("--main-process-port", "--main_process_port", type=int, default=None,
                         help="port of the rendezvous/coordinator (default: a free port on one machine, 29500 on several)")
-    parser.add_argument("--num-machines", "--num_machines", type=int, default=1)
+    parser.add_argument("--num-machines", "--num_machines", "--nnodes", type=_machine_range, default=(1, 1),
+                        metavar="N|MIN:MAX",
+                        help="machines of the group (default 1); MIN:MAX with --max-restarts: a restart goes on "
+                             "with the machines still there, at least MIN (torchrun's --nnodes)")
     parser.add_argument("--machine-rank", "--machine_rank", type=int, default=0)
     parser.add_argument("--main-process-ip", "--main_process_ip", default="127.0.0.1",
                         help="address of machine 0 (default 127.0.0.1)")
@@ -90,6 +95,12 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              "again, at most this many times (default 0; one machine). The script resumes with "
                              "load_state(if_exists=True); accelerator.restart_count says which attempt it is. "
                              "A preemption (exit status 75) and a stop signal are never restarted")
+    parser.add_argument("--rendezvous-timeout", "--rendezvous_timeout", type=float, default=600.0,
+                        help="several machines with --max-restarts: how long an attempt waits for MIN machines "
+                             "before the job gives up (default 600 s)")
+    parser.add_argument("--rendezvous-last-call", "--rendezvous_last_call", type=float, default=30.0,
+                        help="MIN:MAX machines: once MIN joined, how long an attempt waits for more (default 30 s; "
+                             "a restart starts as soon as the machines of the last attempt still there are back)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -107,6 +118,16 @@ class Worker:
     # started through `unified.parent_watch`, and its exit code only summarises theirs
     agent: bool = False
     process_index: Optional[int] = None  # the group index of a worker started directly
+
+
+def _machine_range(value: str) -> Tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"2:4"`` -> (2, 4)."""
+    low, _, high = str(value).partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN:MAX machines, e.g. 4 or 2:4; received {value!r}."
+                                         + see("launch-machine-range")) from None
 
 
 def free_port() -> int:
@@ -131,7 +152,13 @@ def _refuse_port_in_use(port: int) -> None:
 def _validate(args: argparse.Namespace) -> None:
     if args.num_processes < 1:
         raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}." + see("launch-num-processes"))
-    if args.num_machines < 1 or not 0 <= args.machine_rank < args.num_machines:
+    if not 1 <= args.min_machines <= args.num_machines:
+        raise SystemExit(f"unified launch: --num-machines MIN:MAX needs 1 <= MIN <= MAX; received "
+                         f"{args.min_machines}:{args.num_machines}." + see("launch-machine-range"))
+    if args.min_machines < args.num_machines and not getattr(args, "max_restarts", 0):
+        raise SystemExit(f"unified launch: --num-machines {args.min_machines}:{args.num_machines} changes the "
+                         f"machines at a restart; pass --max-restarts too." + see("launch-machine-range"))
+    if not 0 <= args.machine_rank < args.num_machines:
         raise SystemExit(
             f"unified launch: expected 0 <= --machine-rank < --num-machines; received "
             f"--machine-rank {args.machine_rank} with --num-machines {args.num_machines}." + see("launch-machine-rank")
@@ -141,9 +168,6 @@ def _validate(args: argparse.Namespace) -> None:
                          + see("launch-grace-period"))
     if getattr(args, "max_restarts", 0) < 0:
         raise SystemExit(f"unified launch: --max-restarts must be >= 0; received {args.max_restarts}." + see("launch-max-restarts"))
-    if getattr(args, "max_restarts", 0) and args.num_machines > 1:
-        raise SystemExit("unified launch: --max-restarts works on one machine for now; with several machines, let the "
-                         "scheduler restart the job (docs/fault-tolerance.md)." + see("launch-max-restarts"))
     if not os.path.exists(args.script):
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
     try:
@@ -465,18 +489,21 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
     return run_group_outcome(workers, remote_peers, grace_period, process_indices)[0]
 
 
-# What ended a group (`run_group_outcome`); only the last two may be restarted (`--max-restarts`).
-FINISHED, OUTPUT_CLOSED, PREEMPTED, INTERRUPTED, FAILED, BROKE = (
-    "finished", "output closed", "preempted", "stopped by a signal", "a process failed", "the group broke")
-RESTARTABLE = (FAILED, BROKE)
+# What ended a group (`run_group_outcome`); only the last three may be restarted (`--max-restarts`).
+FINISHED, OUTPUT_CLOSED, PREEMPTED, INTERRUPTED, FAILED, BROKE, ENDED_ELSEWHERE = (
+    "finished", "output closed", "preempted", "stopped by a signal", "a process failed", "the group broke",
+    "the attempt ended on another machine")
+RESTARTABLE = (FAILED, BROKE, ENDED_ELSEWHERE)
 
 
 def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
                       grace_period: float = GRACE_PERIOD_SECONDS, process_indices: Sequence[int] = (),
-                      preemption_signals: Sequence[int] = PREEMPTION_SIGNALS) -> Tuple[int, str]:
+                      preemption_signals: Sequence[int] = PREEMPTION_SIGNALS,
+                      remote_stop: Optional[Callable[[], Optional[str]]] = None) -> Tuple[int, str]:
     """`run_group`, and what ended the group: one of `FINISHED`, `OUTPUT_CLOSED`, `PREEMPTED`,
-    `INTERRUPTED`, `FAILED`, `BROKE`. ``preemption_signals`` are forwarded to the workers, who
-    get the grace period; the other handled signals stop them."""
+    `INTERRUPTED`, `FAILED`, `BROKE`, `ENDED_ELSEWHERE`. ``preemption_signals`` are forwarded to
+    the workers, who get the grace period; the other handled signals stop them. ``remote_stop``,
+    polled, says why the group must stop now (its attempt ended on another machine), else ``None``."""
     output = _Output()
     interrupted: List[int] = []
 
@@ -489,7 +516,7 @@ def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
     try:
         children.start()
         group = _Group(children.procs, workers, output, interrupted, remote_peers, grace_period, status_dir,
-                       process_indices, tuple(preemption_signals))
+                       process_indices, tuple(preemption_signals), remote_stop)
         code = group.supervise()
     except BaseException:
         children.stop()
@@ -499,6 +526,9 @@ def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
             signal.signal(s, handler)
         shutil.rmtree(status_dir, ignore_errors=True)
     children.join_output()
+    if group.stopped_for:
+        _note(f"unified launch: {group.stopped_for}; stopped this machine's processes.")
+        return code, ENDED_ELSEWHERE
     if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
         _note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
         return code, OUTPUT_CLOSED
@@ -524,8 +554,11 @@ class _Group:
 
     def __init__(self, procs: Sequence[subprocess.Popen], workers: Sequence[Worker], output: _Output,
                  interrupted: List[int], remote_peers: bool, grace_period: float, status_dir: str,
-                 process_indices: Sequence[int], preemption_signals: Tuple[int, ...] = PREEMPTION_SIGNALS) -> None:
+                 process_indices: Sequence[int], preemption_signals: Tuple[int, ...] = PREEMPTION_SIGNALS,
+                 remote_stop: Optional[Callable[[], Optional[str]]] = None) -> None:
         self.procs, self.workers, self.output, self.interrupted = procs, workers, output, interrupted
+        self.remote_stop = remote_stop
+        self.stopped_for: Optional[str] = None
         self.preemption_signals = preemption_signals
         self.remote_peers, self.grace_period = remote_peers, grace_period
         self.status_dir, self.indices = status_dir, list(process_indices)
@@ -564,6 +597,10 @@ class _Group:
             if self.output.closed.is_set():
                 stop_processes(self.procs)
                 return OUTPUT_CLOSED_CODE
+            if grace_until is None and self.remote_stop and self.remote_stop():
+                self.stopped_for = self.remote_stop()
+                stop_processes(self.procs)
+                return 1
             codes = [p.poll() for p, _ in self.mains]
             failed = [c for c in codes if c not in (None, 0)]
             failed += [p.returncode or 1 for p, w in zip(self.procs, self.workers) if w.service and p.poll() is not None]
@@ -602,6 +639,9 @@ class _Group:
 
 def launch(args: argparse.Namespace) -> int:
     """Start the group described by parsed ``args``; returns the exit code."""
+    machines = args.num_machines
+    args.min_machines, args.num_machines = (machines, machines) if isinstance(machines, int) else _machine_range(
+        ":".join(map(str, machines)) if isinstance(machines, tuple) else machines)
     _validate(args)
     if getattr(args, "mixed_precision", None):
         os.environ[PRECISION_VARIABLE] = args.mixed_precision  # the workers inherit it
@@ -611,9 +651,13 @@ def launch(args: argparse.Namespace) -> int:
     backend = resolve_backend_name(args.backend)
     launcher: Launcher = load_object(backend_spec(backend).launcher)
     max_restarts = getattr(args, "max_restarts", 0)
-    attempt = 0
     # one identity for every attempt: a restarted job takes over its own lease on a store (checkpoint.lease)
     os.environ.setdefault(RUN_VARIABLE, run_identity())  # SLURM's job and step when there: a requeue is the same job
+    options = dict(grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS),
+                   preemption_signals=preemption_signals)
+    if args.num_machines > 1 and max_restarts:
+        return _launch_together(args, backend, launcher, options)
+    attempt = 0
     while True:
         port = args.main_process_port
         if port is None:  # a fresh port for every attempt: the last one's may linger in TIME_WAIT
@@ -622,12 +666,9 @@ def launch(args: argparse.Namespace) -> int:
             _refuse_port_in_use(port)
         plan = LaunchPlan(backend, args.num_processes, args.num_machines, args.machine_rank, args.main_process_ip,
                           port, [args.script, *args.script_args])
-        indices = [process.process_index for process in plan.processes(hosted=False)]
         os.environ[RESTART_VARIABLE] = str(attempt)  # the workers inherit it: accelerator.restart_count
         started = time.monotonic()
-        code, outcome = run_group_outcome(launcher.workers(plan), remote_peers=args.num_machines > 1,
-                                          grace_period=getattr(args, "grace_period", GRACE_PERIOD_SECONDS),
-                                          process_indices=indices, preemption_signals=preemption_signals)
+        code, outcome = _run_plan(plan, launcher, options)
         if outcome not in RESTARTABLE or not max_restarts:
             return code
         took = time.monotonic() - started
@@ -638,6 +679,75 @@ def launch(args: argparse.Namespace) -> int:
         attempt += 1
         _note(f"unified launch: restart {attempt} of {max_restarts}: attempt {attempt} ended after {took:.1f}s "
               f"({outcome}, exit code {code}); starting the group again.")
+
+
+def _run_plan(plan: LaunchPlan, launcher: Launcher, options: dict,
+              remote_stop: Optional[Callable[[], Optional[str]]] = None) -> Tuple[int, str]:
+    indices = [process.process_index for process in plan.processes(hosted=False)]
+    return run_group_outcome(launcher.workers(plan), remote_peers=plan.num_machines > 1, process_indices=indices,
+                             remote_stop=remote_stop, **options)
+
+
+def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher, options: dict) -> int:
+    """Several machines under --max-restarts: every attempt is agreed at machine 0's rendezvous
+    (`unified.rendezvous`), which gives it its machines and a fresh port for its group."""
+    port = args.main_process_port or 29500
+    server = None
+    if args.machine_rank == 0:
+        _refuse_port_in_use(port)
+        rendezvous = Rendezvous(args.min_machines, args.num_machines, args.max_restarts, args.rendezvous_last_call,
+                                timeout=args.rendezvous_timeout, pick_port=free_port_everywhere)
+        server = RendezvousServer(rendezvous, port).start()
+    client = RendezvousClient(f"{args.main_process_ip}:{port}", args.machine_rank)
+    command = [args.script, *args.script_args]
+    try:
+        client.join(args.num_processes, patience=args.rendezvous_timeout)  # machine 0 may start later
+        while True:
+            answer = client.wait_for_attempt(patience=args.rendezvous_timeout)
+            if "layout" not in answer:  # over before this machine took part again
+                return _final(answer, 0)
+            layout = Layout(**answer["layout"])
+            rank = layout.rank_of(args.machine_rank)
+            sizes = tuple(layout.sizes) if len(set(layout.sizes)) > 1 else ()
+            plan = LaunchPlan(backend, args.num_processes, len(layout.machines), rank, args.main_process_ip,
+                              layout.port, command, sizes)
+            os.environ[RESTART_VARIABLE] = str(layout.attempt)
+            if layout.attempt or len(layout.machines) < args.num_machines:
+                _note(f"unified launch: attempt {layout.attempt + 1} on {len(layout.machines)} machine(s) "
+                      f"({plan.total} processes); this machine is machine {rank}.")
+            started = time.monotonic()
+            with client.beating(layout.attempt) as beat:
+                code, outcome = _run_plan(plan, launcher, options, remote_stop=beat.stop_reason)
+            took = time.monotonic() - started
+            if beat.lost:  # machine 0 is gone: nobody is left to agree with
+                _note(beat.lost)
+                return code or 1
+            kind = together.FAILED if outcome in RESTARTABLE else together.DONE if outcome == FINISHED else together.LEAVES
+            verdict = client.end(layout.attempt, kind, outcome)
+            if kind == together.LEAVES or verdict["verdict"] != together.RESTART:
+                return _final(verdict, code)
+            _note(f"unified launch: restart {layout.attempt + 1} of {args.max_restarts}: attempt "
+                  f"{layout.attempt + 1} ended after {took:.1f}s ({verdict['reason']}; here: {outcome}, exit code "
+                  f"{code}); joining the next attempt.")
+            client.join(args.num_processes)
+    except RendezvousLost as err:
+        _note(str(err))
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C while waiting for the other machines (a group running handles it)
+        return 128 + signal.SIGINT
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _final(verdict: Dict[str, str], code: int) -> int:
+    """The exit code of a machine whose job is over, with the reason when it is not success."""
+    if verdict.get("verdict") == together.FINISHED:
+        return code
+    if verdict.get("verdict") == together.GAVE_UP:
+        _note(f"unified launch: the job gave up: {verdict['reason']}.{see('launch-gave-up')}")
+        return code or 1
+    return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,5 +1,6 @@
 """Groups of `unified launch`, one per simulated machine (`unified.testing.netns.Machines`), and the
-judgement of a network fault: shared by `tests/test_multihost_netns.py` and the network rows of
+judgement of a network fault or of a machine lost for good under `--num-machines MIN:MAX`
+(`run_machine_loss`): shared by `tests/test_multihost_netns.py` and the network rows of
 `benchmarks/faults.py`.
 
 Each machine runs ``unified launch --num-machines K --machine-rank r --main-process-ip <machine 0>
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -236,3 +238,96 @@ def check_checkpoints(backend: str, shared: Path) -> List[str]:
     if rows[0]["leftovers"]:
         problems.append(f"temporaries left after a new save: {rows[0]['leftovers']}")
     return problems
+
+
+@dataclass
+class LossTrial:
+    """What `run_machine_loss` found: ``problems`` is empty when it passed."""
+
+    victim: int
+    step: int
+    problems: List[str] = field(default_factory=list)
+    to_end: Optional[float] = None    # from the loss to the end of the job (s)
+    results: Dict[int, dict] = field(default_factory=dict)
+    logs: str = ""
+
+
+def _tagged(output: str, tag: str) -> Dict[int, dict]:
+    return {int(m.group(1)): json.loads(m.group(2)) for m in re.finditer(rf"^\[(\d+)\] {tag} (.*)$", output, re.M)}
+
+
+def resumed_by_hand(backend: str, script: Path, project: Path, steps: int, before: int, after: int,
+                    env: Optional[Dict[str, str]] = None) -> Dict[int, dict]:
+    """The reference of a machine loss: ``script`` (tests/scripts/restartable.py) runs ``steps``
+    steps on ``before`` processes, then resumes on ``after``; each process's ``RESULT``."""
+    for count, mode in ((before, f"until:{steps}"), (after, "none")):
+        done = subprocess.run([sys.executable, "-m", "unified", "launch", "-n", str(count), "--backend", backend,
+                               str(script), str(project), mode], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **(env or {})})
+        if done.returncode != 0:
+            raise RuntimeError(f"the reference run on {count} processes failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return _tagged(done.stdout, "RESULT")
+
+
+def run_machine_loss(backend: str, script: Path, shared: Path, *, victim: int, step: int, expected: Dict[int, dict],
+                     machines_count: int = 3, env: Optional[Dict[str, str]] = None,
+                     deadline: float = 240.0) -> LossTrial:
+    """A machine lost for good under ``--num-machines 2:K --max-restarts 1``: ``script``
+    (tests/scripts/restartable.py, mode ``lose:STEP:VICTIM``) runs one process per machine; after
+    the save of ``step`` machine ``victim``'s cable is pulled and its launcher SIGKILLed. Pass:
+    every other launcher exits 0 after exactly one restart onto K - 1 machines, and each process
+    of the last attempt resumed after ``step`` and ends with the parameters of ``expected``
+    (`resumed_by_hand`); nothing runs ``deadline`` seconds after the loss."""
+    trial = LossTrial(victim, step)
+    project = shared / "run"
+    survivors = [m for m in range(machines_count) if m != victim]
+    with Machines(machines_count) as machines:
+        launchers = [Worker(machines.argv(m, sys.executable, "-m", "unified", "launch", "--num-machines",
+                                          f"2:{machines_count}", "--machine-rank", str(m), "--main-process-ip",
+                                          machines.address(0), "--main-process-port", str(PORT), "-n", "1",
+                                          "--backend", backend, "--max-restarts", "1", "--rendezvous-last-call", "5",
+                                          str(script), str(project), f"lose:{step}:{victim}"),
+                            {**os.environ, **(env or {})})
+                     for m in range(machines_count)]
+        logs = [shared / f"launch-{m}.log" for m in range(machines_count)]
+        group = ProcessGroup(launchers, logs=[str(log) for log in logs], cwd=str(shared)).start()
+        try:
+            give_up = time.monotonic() + deadline
+            while not (project / "lost-ready").exists():
+                if time.monotonic() > give_up or any(p.poll() is not None for p in group.procs):
+                    trial.problems.append("the job did not reach the loss")
+                    break
+                time.sleep(0.1)
+            else:
+                machines.cut(victim)
+                group.kill(only=[group.procs[victim]])
+                lost_at = time.monotonic()
+                group.wait(lost_at + deadline)
+                if any(group.procs[m].poll() is None for m in survivors):
+                    trial.problems.append(f"still running {deadline:g} s after the loss")
+                else:
+                    trial.to_end = time.monotonic() - lost_at
+        finally:
+            group.kill()
+            for proc in group.procs:
+                proc.wait()
+    outputs = {m: logs[m].read_text() for m in range(machines_count)}
+    trial.logs = "\n\n".join(f"machine {m}:\n{text[-4000:]}" for m, text in outputs.items())
+    if trial.problems:
+        return trial
+    for m in survivors:
+        if group.procs[m].returncode != 0:
+            trial.problems.append(f"machine {m}'s launcher exited {group.procs[m].returncode}")
+        if outputs[m].count("joining the next attempt") != 1:
+            trial.problems.append(f"machine {m} did not restart exactly once")
+        if f"attempt 2 on {machines_count - 1} machine(s)" not in outputs[m]:
+            trial.problems.append(f"machine {m}'s second attempt was not on {machines_count - 1} machines")
+        trial.results.update(_tagged(outputs[m], "RESULT"))
+    if sorted(trial.results) != list(range(machines_count - 1)):
+        trial.problems.append(f"results of processes {sorted(trial.results)}")
+    for rank, row in trial.results.items():
+        if row["num_processes"] != machines_count - 1 or row["restart_count"] != 1 or row["first_step"] != step + 1:
+            trial.problems.append(f"process {rank} did not resume after step {step} on {machines_count - 1}: {row}")
+        if rank in expected and row["hash"] != expected[rank]["hash"]:
+            trial.problems.append(f"process {rank}'s parameters differ from the resume by hand")
+    return trial

@@ -1,0 +1,167 @@
+"""The launchers' rendezvous (unified/rendezvous.py): when attempts start, end and give up, on a
+clock the test moves; and its HTTP server and client on loopback."""
+from __future__ import annotations
+
+import pytest
+
+from unified.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, STOPPED, Rendezvous,
+                                RendezvousClient, RendezvousLost, RendezvousServer)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _rendezvous(low=2, high=3, restarts=2, last_call=5.0, timeout=60.0, heartbeat=15.0):
+    clock = Clock()
+    ports = iter(range(40000, 40100))
+    return Rendezvous(low, high, restarts, last_call, timeout=timeout, heartbeat_timeout=heartbeat,
+                      pick_port=lambda: next(ports), clock=clock), clock
+
+
+def _layout(r, machine):
+    return r.poll(machine).get("layout")
+
+
+def test_an_attempt_starts_at_once_with_every_machine_else_after_the_last_call_with_min():
+    r, clock = _rendezvous()
+    for m in (2, 0, 1):
+        r.join(m, processes=1)
+    layout = _layout(r, 1)
+    assert layout["machines"] == [0, 1, 2] and layout["attempt"] == 0 and layout["port"] == 40000
+
+    r, clock = _rendezvous()
+    r.join(0, processes=2)
+    r.join(1, processes=1)
+    assert _layout(r, 0) is None                       # MIN joined: the last call for machine 2
+    clock.now = 4.9
+    assert _layout(r, 0) is None
+    clock.now = 5.0
+    layout = _layout(r, 0)
+    assert layout["machines"] == [0, 1] and layout["sizes"] == [2, 1]
+
+
+def test_a_failure_ends_the_attempt_for_everyone_and_the_next_starts_when_the_others_are_back():
+    r, clock = _rendezvous()
+    for m in (0, 1, 2):
+        r.join(m, processes=1)
+    assert _layout(r, 0)["attempt"] == 0
+    assert r.poll(1, running=0) == {}
+    verdict = r.end(2, 0, FAILED, "a process failed")
+    assert verdict == {"verdict": RESTART, "reason": "machine 2: a process failed"}
+    assert r.poll(0, running=0)["verdict"] == RESTART  # what machine 0's beat hears: stop the group
+    for m in (1, 0, 2):                                 # all back: no last call
+        r.join(m, processes=1)
+    layout = _layout(r, 0)
+    assert layout["attempt"] == 1 and layout["machines"] == [0, 1, 2] and layout["port"] == 40001
+
+
+def test_a_machine_that_stops_beating_is_lost_and_the_job_goes_on_without_it():
+    r, clock = _rendezvous(heartbeat=15.0)
+    for m in (0, 1, 2):
+        r.join(m, processes=1)
+    _layout(r, 0)
+    for t in (5.0, 10.0, 15.5):                         # machine 2 is silent from t=0
+        clock.now = t
+        assert r.poll(0, running=0) in ({}, {"verdict": RESTART, "reason": "machine(s) 2 stopped answering for 15s"})
+        r.poll(1, running=0)
+    assert r.poll(1, running=0)["verdict"] == RESTART
+    r.join(0, processes=1)
+    r.join(1, processes=1)                              # machine 2 never comes back: not waited for
+    layout = _layout(r, 1)
+    assert layout["machines"] == [0, 1] and layout["attempt"] == 1
+
+
+def test_a_late_machine_waits_for_the_next_attempt_and_then_takes_part():
+    r, clock = _rendezvous(low=2, high=3)
+    r.join(0, processes=1)
+    r.join(1, processes=1)
+    clock.now = 6.0
+    assert _layout(r, 0)["machines"] == [0, 1]
+    r.join(2, processes=1)                              # late: the attempt runs
+    assert r.poll(2) == {}
+    r.end(1, 0, FAILED, "the group broke")
+    for m in (0, 1):
+        r.join(m, processes=1)
+    layout = _layout(r, 2)
+    assert layout["machines"] == [0, 1, 2] and layout["attempt"] == 1
+
+
+def test_the_job_ends_finished_when_every_machine_is_done_and_gives_up_after_the_restarts():
+    r, clock = _rendezvous(low=2, high=2, restarts=1)
+    for m in (0, 1):
+        r.join(m, processes=1)
+    _layout(r, 0)
+    assert r.end(0, 0, DONE, "finished") == {}         # machine 1 still runs
+    assert r.end(1, 0, DONE, "finished")["verdict"] == FINISHED
+    assert r.poll(0, running=0)["verdict"] == FINISHED
+    assert r.untold() == set()
+
+    r, clock = _rendezvous(low=2, high=2, restarts=1)
+    for attempt in (0, 1):
+        for m in (0, 1):
+            r.join(m, processes=1)
+        assert _layout(r, 0)["attempt"] == attempt
+        verdict = r.end(0, attempt, FAILED, "a process failed")
+    assert verdict["verdict"] == GAVE_UP and "after 1 restart(s)" in verdict["reason"]
+    assert r.poll(1, running=1)["verdict"] == GAVE_UP
+    assert r.poll(1)["verdict"] == GAVE_UP              # and to a machine that asks for its next attempt
+
+
+def test_a_preempted_machine_leaves_and_too_few_machines_give_up_after_the_timeout():
+    r, clock = _rendezvous(low=2, high=2, timeout=60.0)
+    for m in (0, 1):
+        r.join(m, processes=1)
+    _layout(r, 0)
+    r.end(0, 0, LEAVES, "preempted")
+    assert r.end(1, 0, LEAVES, "preempted")["verdict"] == STOPPED
+
+    r, clock = _rendezvous(low=2, high=3, timeout=60.0)
+    r.join(0, processes=1)
+    clock.now = 59.0
+    assert r.poll(0) == {}
+    clock.now = 61.0
+    assert r.poll(0) == {"verdict": GAVE_UP, "reason": "1 of at least 2 machine(s) joined attempt 1 within 60s"}
+
+
+def test_the_server_and_client_on_loopback():
+    r, clock = _rendezvous(low=1, high=1)
+    server = RendezvousServer(r, port=0).start()
+    try:
+        client = RendezvousClient(f"127.0.0.1:{server.port}", machine=0)
+        client.join(2)
+        answer = client.wait_for_attempt()
+        assert answer["layout"]["machines"] == [0] and answer["layout"]["sizes"] == [2]
+        assert client.end(0, DONE, "finished")["verdict"] == FINISHED
+    finally:
+        server.close()
+    with pytest.raises(RendezvousLost, match=r"did not answer for 0.6s .*cannot go on without machine 0"):
+        RendezvousClient(f"127.0.0.1:{server.port}", machine=1, patience=0.6).join(1)
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--num-machines", "3:2", "--max-restarts", "1"], r"needs 1 <= MIN <= MAX; received 3:2.*#launch-machine-range"),
+    (["--nnodes", "2:3"], r"--num-machines 2:3 changes the machines at a restart; pass --max-restarts too"),
+    (["--nnodes", "2:3", "--max-restarts", "1", "--machine-rank", "3"], r"expected 0 <= --machine-rank < --num-machines"),
+])
+def test_the_launcher_refuses_a_wrong_machine_range_before_starting_anything(tmp_path, flags, match):
+    from unified import launch as launch_module
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(SystemExit, match=match):
+        launch_module.launch(launch_module.build_parser().parse_args([*flags, str(script)]))
+
+
+def test_a_machine_count_is_a_number_or_a_range():
+    from unified import launch as launch_module
+
+    parser = launch_module.build_parser()
+    assert parser.parse_args(["--nnodes", "2:4", "s.py"]).num_machines == (2, 4)
+    assert parser.parse_args(["--num-machines", "3", "s.py"]).num_machines == (3, 3)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--num-machines", "two", "s.py"])
