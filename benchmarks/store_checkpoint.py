@@ -15,10 +15,12 @@ Contenders, each writing the same state (the model and optimizer of benchmarks/c
 
 * ``ours``: ``save_state("s3://…")`` (synchronous: committed and durable when it returns) and
   ``load_state`` (every byte verified before anything is restored);
+* ``ours``'s load downloads each object once, verifying it, into a private local copy, and reads
+  the large arrays from that copy into the live ones (bounded memory);
+* ``ours_two_downloads``: ``UNIFIED_STORE_LOAD_COPY=0``: the large objects are downloaded a second
+  time instead of read from the local copy (bounded memory, no local disk; the only way before);
 * ``ours_one_pass``: the same with ``UNIFIED_IN_PLACE_MIN_BYTES`` above every array: the load
-  downloads each object once, into fresh memory (a second copy of the state at the peak), where
-  ``ours`` downloads the large ones twice (verified, then read into the live arrays: bounded
-  memory);
+  downloads each object once, into fresh memory (a second copy of the state at the peak);
 * ``ours_async``: ``save_state(url, async_save=True)`` (the blocking part) and
   ``wait_for_checkpoint()``;
 * ``dcp_fsspec`` (torch): ``torch.distributed.checkpoint`` with its fsspec storage
@@ -96,16 +98,27 @@ def _round_trip(save: Callable[[], Any], load: Callable[[], Any], mutate: Callab
     return out
 
 
-def _one_pass(run: Callable[[str, bool], Dict[str, float]]) -> Callable[[str, bool], Dict[str, float]]:
-    """``run`` with every array of a load read in the verifying pass, into fresh memory."""
-    def one_pass(url: str, memory: bool) -> Dict[str, float]:
-        os.environ["UNIFIED_IN_PLACE_MIN_BYTES"] = str(1 << 62)
+def _with_variable(run: Callable[[str, bool], Dict[str, float]], name: str, value: str
+                   ) -> Callable[[str, bool], Dict[str, float]]:
+    """``run`` with the environment variable ``name`` set to ``value``."""
+    def with_variable(url: str, memory: bool) -> Dict[str, float]:
+        os.environ[name] = value
         try:
             return run(url, memory)
         finally:
-            os.environ.pop("UNIFIED_IN_PLACE_MIN_BYTES")
+            os.environ.pop(name)
 
-    return one_pass
+    return with_variable
+
+
+def _one_pass(run: Callable[[str, bool], Dict[str, float]]) -> Callable[[str, bool], Dict[str, float]]:
+    """``run`` with every array of a load read in the verifying pass, into fresh memory."""
+    return _with_variable(run, "UNIFIED_IN_PLACE_MIN_BYTES", str(1 << 62))
+
+
+def _two_downloads(run: Callable[[str, bool], Dict[str, float]]) -> Callable[[str, bool], Dict[str, float]]:
+    """``run`` with the large objects of a load downloaded again instead of kept on local disk."""
+    return _with_variable(run, "UNIFIED_STORE_LOAD_COPY", "0")
 
 
 def _raw(files: Callable[[], Dict[str, List[Any]]]) -> Callable[[str, bool], Dict[str, float]]:
@@ -215,7 +228,8 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     with warnings.catch_warnings():  # DCP in one process says it assumes one process, every call
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        result = _rounds({"ours": run_ours, "ours_one_pass": _one_pass(run_ours), "ours_async": run_async,
+        result = _rounds({"ours": run_ours, "ours_two_downloads": _two_downloads(run_ours),
+                          "ours_one_pass": _one_pass(run_ours), "ours_async": run_async,
                           "dcp_fsspec": run_dcp, "raw": _raw(live)},
                          f"{args.bucket}/torch", args.repeats)
     return {**result, "framework": "torch", "state_bytes": state_bytes,

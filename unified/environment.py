@@ -13,7 +13,7 @@ import re
 import uuid
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "IN_PLACE_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "IN_PLACE_VARIABLE", "LOAD_COPY_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
            "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
@@ -22,6 +22,9 @@ LAUNCHER_BACKEND_VARIABLE = "UNIFIED_LAUNCHER_BACKEND"
 # The attempt `unified launch --max-restarts` is on (0 for the first); torchrun's own is read too.
 RESTART_VARIABLE = "UNIFIED_RESTART_COUNT"
 IN_PLACE_VARIABLE = "UNIFIED_IN_PLACE_MIN_BYTES"  # loads read arrays this large into place (checkpoint.manager)
+# "0": a load from an object store downloads each file twice (verify, then fill) instead of
+# keeping the verified copy on the local disk in between (checkpoint.manager)
+LOAD_COPY_VARIABLE = "UNIFIED_STORE_LOAD_COPY"
 RUN_VARIABLE = "UNIFIED_RUN_ID"  # set once per `unified launch`, kept across its restarts (checkpoint.lease)
 
 

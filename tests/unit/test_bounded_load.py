@@ -80,8 +80,8 @@ def test_a_file_changed_after_it_was_verified_is_refused_before_anything_is_rest
     before = _snapshot(model, optimizer)
     verify = store.Folder.verify
 
-    def verify_then_change(self, path, size, checksum):
-        identity = verify(self, path, size, checksum)
+    def verify_then_change(self, path, size, checksum, **options):
+        identity = verify(self, path, size, checksum, **options)
         if path.endswith("model_0.safetensors"):
             _flip_a_byte(path)  # after the first pass, before the second
         return identity
@@ -99,8 +99,8 @@ def test_a_file_changed_while_it_is_read_into_place_is_reported_as_partly_restor
     acc.save_state(str(tmp_path / "ckpt"))
     verify = store.Folder.verify
 
-    def verify_then_change_unseen(self, path, size, checksum):
-        identity = verify(self, path, size, checksum)
+    def verify_then_change_unseen(self, path, size, checksum, **options):
+        identity = verify(self, path, size, checksum, **options)
         if path.endswith("model_0.safetensors"):
             _flip_a_byte(path)
         return identity

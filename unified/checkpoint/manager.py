@@ -24,14 +24,14 @@ import numpy as np
 
 from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
-from ..environment import IN_PLACE_VARIABLE
+from ..environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..errors import CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lease, lock, safetensors_io
 from .manifest import check_file_name
 from .safetensors_io import verify_file
-from .store import ObjectStore, StoreError, location_of
+from .store import Folder, ObjectStore, StoreError, location_of
 
 if TYPE_CHECKING:
     from ..collectives import Collectives
@@ -180,6 +180,7 @@ class InPlace:
     identity: Any  # for `Location.changed` before the second pass
     described: Dict[str, Tuple[str, Tuple[int, ...]]]
     places: Dict[str, Tuple[np.ndarray, Any]]  # array name -> (writable bytes, live array)
+    copy: Optional[str] = None  # a store's file: its verified local copy, which the second pass reads
 
     def placeholders(self) -> Dict[str, np.ndarray]:
         """Read-only arrays of every saved dtype and shape that hold no memory (for the checks
@@ -302,6 +303,7 @@ class CheckpointManager:
         self._held_folder: Optional[str] = None
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
         self._hook_copy: Optional[str] = None  # a load from a store: the hook files, downloaded for the hooks
+        self._load_copies: Optional[str] = None  # a load from a store: verified local copies (`_copy_for`)
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
 
@@ -873,9 +875,10 @@ class CheckpointManager:
         try:
             return self._load(directory, before_restore)
         finally:
-            if self._hook_copy is not None:
-                shutil.rmtree(self._hook_copy, ignore_errors=True)
-                self._hook_copy = None
+            for folder in (self._hook_copy, self._load_copies):
+                if folder is not None:
+                    shutil.rmtree(folder, ignore_errors=True)
+            self._hook_copy = self._load_copies = None
 
     def _load(self, directory: str, before_restore: Callable[[str], Collection[str]]) -> Dict[str, Any]:
         failure: Optional[BaseException] = None
@@ -1072,13 +1075,29 @@ class CheckpointManager:
         bounded buffer and compared, and the header described, before any object is restored."""
         path, info = self._listed(directory, manifest, f"{entry.name}.safetensors")
         location = location_of(directory)
-        identity = location.verify(path, info["size"], info["xxh3"])
+        copy = self._copy_for(path, int(info["size"]))
+        identity = location.verify(path, info["size"], info["xxh3"], copy_to=copy)
+        copy = copy if copy is not None and os.path.exists(copy) else None  # removed: the disk was full
         described = location.describe(path, info["size"])
         # only into arrays of the saved dtype and shape (a user object's own load_state_dict decides
         # about the others, from fresh memory, as before)
         places = {key: place for key, place in places.items()
                   if described.get(key) == tuple(self.backend.describe_array(place[1]))}
-        return InPlace(path, int(info["size"]), str(info["xxh3"]), identity, described, places)
+        return InPlace(path, int(info["size"]), str(info["xxh3"]), identity, described, places, copy)
+
+    def _copy_for(self, path: str, size: int) -> Optional[str]:
+        """Where the first pass over a store's file keeps a verified copy for the second: a new
+        file in a private temporary folder (removed when the load returns), or ``None`` to
+        download it again: a folder's file, ``UNIFIED_STORE_LOAD_COPY=0``, or a local disk
+        without room for it (and 1 GiB or 5% left)."""
+        if not is_url(path) or os.environ.get(LOAD_COPY_VARIABLE, "1") == "0":
+            return None
+        if self._load_copies is None:
+            self._load_copies = tempfile.mkdtemp(prefix="unified-load-")
+        disk = shutil.disk_usage(self._load_copies)
+        if disk.free - size < max(1 << 30, disk.total // 20):  # leave 1 GiB and 5% free
+            return None
+        return os.path.join(self._load_copies, f"{uuid.uuid4().hex}.safetensors")
 
     def _read_in_place(self, directory: str, manifest: Dict[str, Any], candidates: Dict[str, Any],
                        states: Dict[str, Any]) -> None:
@@ -1102,8 +1121,11 @@ class CheckpointManager:
         by_name = {entry.name: entry for entry in self.entries}
         for name, placing in later.items():
             try:
-                arrays, placed = location.read_placed(placing.path, placing.size, placing.checksum,
-                                                      {key: raw for key, (raw, _) in placing.places.items()})
+                into = {key: raw for key, (raw, _) in placing.places.items()}
+                if placing.copy is not None:  # the verified copy on the local disk (private: it cannot change)
+                    arrays, placed = Folder().read_placed(placing.copy, placing.size, placing.checksum, into)
+                else:
+                    arrays, placed = location.read_placed(placing.path, placing.size, placing.checksum, into)
             except (CheckpointError, OSError) as err:
                 failure = CheckpointError(f"{placing.path}: changed while it was read into the live objects, after it "
                                           f"was verified ({err}); they now hold part of this checkpoint: load it (or "

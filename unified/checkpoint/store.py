@@ -10,7 +10,9 @@ own step, as Orbax's atomicity strategies are:
   straight to the checkpoint's prefix and the manifest, written last in one request, is the
   commit. A prefix without its manifest is never listed, loaded or counted by retention; what a
   crashed save left there is deleted after a later commit. Files are streamed (multipart
-  uploads) and hashed in the same pass; nothing is staged whole on local disk.
+  uploads) and hashed in the same pass; nothing is staged whole on local disk. A load verifies
+  each object as it downloads it, into a private local copy when the local disk has room (the
+  manager's `_staging_for`), from which the live arrays are then filled.
 """
 from __future__ import annotations
 
@@ -89,8 +91,9 @@ class Folder:
         return safetensors_io.read(path, size, checksum)
 
     # -- loads in bounded memory: verify first, then read into the live arrays (see the manager)
-    def verify(self, path: str, size: int, checksum: str) -> Any:
-        """Hash the file in a bounded buffer and compare; returns its identity for `changed`."""
+    def verify(self, path: str, size: int, checksum: str, copy_to: Optional[str] = None) -> Any:
+        """Hash the file in a bounded buffer and compare; returns its identity for `changed`.
+        (``copy_to`` is for stores: a file here is read again from where it is.)"""
         return safetensors_io.verify_for_reader(path, size, checksum)
 
     def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -331,13 +334,30 @@ class ObjectStore:
         with self.reading(path) as handle:  # one request per part or large array, not one per small array
             return safetensors_io.read_stream_placed(handle, path, size, checksum, into, chunk=PART_BYTES)
 
-    def verify(self, path: str, size: int, checksum: str) -> Any:
-        """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag."""
-        def keep_head(at: int, chunk: memoryview) -> None:
+    def verify(self, path: str, size: int, checksum: str, copy_to: Optional[str] = None) -> Any:
+        """Stream the object through a bounded buffer, hashing it, and compare; returns its ETag.
+        ``copy_to``: also write what streams by into that new local file (the load's second pass
+        then reads the verified copy from the local disk instead of downloading it again); a
+        copy the local disk could not take (full) is removed, and the object is verified still."""
+        copy = open(copy_to, "xb") if copy_to else None
+
+        def keep(at: int, chunk: memoryview) -> None:
+            nonlocal copy
             if not at:  # the header, for `describe` (no request of its own)
                 self._heads[path] = bytes(chunk[:_HEAD_BYTES])
+            if copy is not None:
+                try:
+                    copy.write(chunk)
+                except OSError:
+                    copy.close()
+                    copy = None
+                    os.remove(copy_to)
 
-        return self._stream_verified(path, size, checksum, keep_head)
+        try:
+            return self._stream_verified(path, size, checksum, keep)
+        finally:
+            if copy is not None:
+                copy.close()
 
     def _stream_verified(self, path: str, size: int, checksum: str, each: Any) -> Any:
         """Stream the object through one bounded buffer, hashing it and handing each chunk to
