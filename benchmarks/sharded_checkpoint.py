@@ -64,6 +64,17 @@ kernel and its first moment as ``.npy``).
 
 Profile: one more save and load of ours with the phases of ``unified.checkpoint.manager`` timed
 on every process (nested phases are contained in their parent's time).
+
+``--store`` (issue 29): the same state to an S3-compatible object store instead of a folder. The
+parent starts moto's S3 server on 127.0.0.1 in a process of its own (as
+benchmarks/store_checkpoint.py does) and the checkpoints go under ``s3://<bucket>/sharded``.
+Contenders: ``ours`` (``save_state("s3://…")``: every process streams its own shards to one
+object, the manifest commits; ``load_state`` verifies every byte before restoring); ``raw`` (the
+limit: every process uploads its own shards' bytes with the same client, s3fs, as one streamed
+multipart upload of 32 MiB parts, and downloads them into warm buffers: nothing hashed, framed or
+restored); torch: ``dcp_fsspec`` (``dcp.save`` / ``dcp.load`` with DCP's ``FsspecWriter`` /
+``FsspecReader`` on the same URL). Orbax cannot write to ``s3://`` (the JAX part says why). No
+reshard group and no profile in this mode. Goal: ours within 1.3x raw, ahead of DCP's fsspec.
 """
 from __future__ import annotations
 
@@ -89,9 +100,74 @@ from memory import PeakMemory as PeakRSS  # noqa: E402
 
 GB = 1e9
 PICTURE = ROOT / "docs" / "benchmarks" / "img" / "sharded_checkpoint.png"
+STORE_PICTURE = ROOT / "docs" / "benchmarks" / "img" / "sharded_store_checkpoint.png"
 GOAL = 1.1  # from issue 13: ours no slower than raw DCP / Orbax, <= 1.1x
 # the raw contenders the goal is measured against; the others are for information
 RAW = {"torch": ("dcp", "dcp_safetensors"), "jax": ("orbax",)}
+STORE_GOAL = 1.3  # issue 29: on a store, ours within 1.3x the raw transfer...
+STORE_RAW = {"torch": ("raw",), "jax": ("raw",)}
+STORE_PEERS = ("dcp_fsspec",)  # ...and ahead of these
+PART_BYTES = 32 << 20  # the raw contender's multipart upload parts (as ours)
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}" if "://" in base else os.path.join(base, name)
+
+
+def _remove(path: str) -> None:
+    """A checkpoint folder, or every object under a store prefix."""
+    if "://" not in path:
+        _clean(path)
+        return
+    import fsspec
+
+    fs = fsspec.filesystem(path.split("://", 1)[0])
+    try:
+        fs.rm(path, recursive=True)
+    except FileNotFoundError:
+        pass
+    fs.invalidate_cache()
+
+
+def _stored_bytes(path: str) -> Dict[str, int]:
+    """`_disk_bytes` of a folder; a store prefix's objects (allocated: their sizes)."""
+    if "://" not in path:
+        return _disk_bytes(path)
+    import fsspec
+
+    fs = fsspec.filesystem(path.split("://", 1)[0])
+    fs.invalidate_cache()
+    sizes = [int(info["size"]) for info in fs.find(path, detail=True).values()]
+    return {"files": len(sizes), "apparent": sum(sizes), "allocated": sum(sizes)}
+
+
+def raw_store_contender(rank: int, arrays: Callable[[], List[Any]]) -> "Contender":
+    """The limit on a store: this process's own shards' bytes (``arrays()``: NumPy views) streamed
+    to one object with s3fs, read back into a warm buffer of the object's size."""
+    import fsspec
+
+    buffer = bytearray()
+
+    def save(path: str) -> None:
+        fs = fsspec.filesystem(path.split("://", 1)[0])
+        with fs.open(f"{path}/raw-{rank}.bin", "wb", block_size=PART_BYTES) as handle:
+            for array in arrays():
+                handle.write(memoryview(array).cast("B"))
+
+    def load(path: str) -> None:
+        nonlocal buffer
+        fs = fsspec.filesystem(path.split("://", 1)[0])
+        url = f"{path}/raw-{rank}.bin"
+        fs.invalidate_cache()
+        size = fs.size(url)
+        if len(buffer) != size:
+            buffer = bytearray(size)
+        view, got = memoryview(buffer), 0
+        with fs.open(url, "rb", block_size=PART_BYTES, cache_type="none") as handle:
+            while got < size:
+                got += handle.readinto(view[got:got + PART_BYTES])
+
+    return Contender(save, load, restores=False)
 
 
 def _log(*args: Any) -> None:
@@ -102,11 +178,13 @@ def _log(*args: Any) -> None:
 class Contender:
     """A save and a load of one way to write the same sharded state (paths: one directory).
     ``settle`` runs after the save, untimed: what the save left running in the background (our
-    fsync of the committed checkpoint) must not slow the load timed next."""
+    fsync of the committed checkpoint) must not slow the load timed next. ``restores``: False for
+    the raw transfer, whose load reads the bytes into a buffer of its own (the state is neither
+    changed before it nor checked after it)."""
 
     def __init__(self, save: Callable[[str], None], load: Callable[[str], None],
-                 settle: Callable[[], None] = lambda: None) -> None:
-        self.save, self.load, self.settle = save, load, settle
+                 settle: Callable[[], None] = lambda: None, restores: bool = True) -> None:
+        self.save, self.load, self.settle, self.restores = save, load, settle, restores
 
 
 class Group:
@@ -123,7 +201,7 @@ class Group:
     def clean(self, path: str) -> None:
         self.barrier()
         if self.rank == 0:
-            _clean(path)
+            _remove(path)
         self.barrier()
 
     def timed(self, fn: Callable[[], Any]) -> Dict[str, float]:
@@ -150,25 +228,27 @@ def run_rounds(group: Group, contenders: Dict[str, Contender], base: str, repeat
         c = contenders[name]
         save = group.timed(lambda: c.save(path))
         c.settle()
-        mutate()
+        if c.restores:
+            mutate()
         load = group.timed(lambda: c.load(path))
-        check()
+        if c.restores:
+            check()
         return {"save": save, "load": load}
 
     for name in names:
         if group.rank == 0:
             _log(f"  warm-up {name}")
-        round_trip(name, os.path.join(base, f"warmup_{name}"))
-        group.clean(os.path.join(base, f"warmup_{name}"))
+        round_trip(name, _join(base, f"warmup_{name}"))
+        group.clean(_join(base, f"warmup_{name}"))
     samples: Dict[str, Dict[str, List[Dict[str, float]]]] = {n: {"save": [], "load": []} for n in names}
     disk: Dict[str, Dict[str, int]] = {}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            path = os.path.join(base, f"{name}_{r}")
+            path = _join(base, f"{name}_{r}")
             got = round_trip(name, path)
             group.barrier()
             if group.rank == 0:
-                disk[name] = _disk_bytes(path)
+                disk[name] = _stored_bytes(path)
                 _log(f"  round {r} {name}: save {got['save']['s']:.3f}s, load {got['load']['s']:.3f}s (process 0)")
             group.clean(path)
             for op in ("save", "load"):
@@ -415,6 +495,32 @@ def torch_worker(args: argparse.Namespace) -> None:
             dcp.load(state, checkpoint_id=path)
         set_state_dict(model, inner, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
+    def dcp_fsspec(path: str, save: bool) -> None:
+        """DCP's fsspec storage on the store's URL (its default format: torch.save shards, a
+        pickled .metadata)."""
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+        model_sd, optim_sd = get_state_dict(model, inner)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        if save:
+            dcp.save(state, storage_writer=FsspecWriter(path))
+            return
+        dcp.load(state, storage_reader=FsspecReader(path))
+        set_state_dict(model, inner, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def own_arrays() -> List[Any]:
+        tensors = list(model.parameters()) + [t for s in inner.state.values() for t in s.values() if torch.is_tensor(t)]
+        return [(t.to_local() if hasattr(t, "to_local") else t).detach().contiguous().numpy() for t in tensors]
+
+    if args.store:
+        store_worker(args, group, "torch", {
+            "ours": ours_contender(acc),
+            "dcp_fsspec": Contender(lambda p: dcp_fsspec(p, True), lambda p: dcp_fsspec(p, False)),
+            "raw": raw_store_contender(group.rank, own_arrays),
+        }, mutate, check, {**sizes(), "layers": layers, "hidden": hidden,
+                           "versions": {"torch": torch.__version__}})
+        return
+
     contenders = {
         "ours": ours_contender(acc),
         "dcp": Contender(lambda p: dcp_save(p, False), lambda p: dcp_load(p, False)),
@@ -434,6 +540,13 @@ def torch_worker(args: argparse.Namespace) -> None:
         np.save(moment_npy, full_moment, allow_pickle=False)
     result["reshard_loads"] = timed_loads(group, lambda: acc.load_state(source), mutate, check, args.repeats)
     result["versions"] = {"torch": torch.__version__, "accelerate": _version("accelerate")}
+    finish(group, result)
+
+
+def store_worker(args: argparse.Namespace, group: Group, part: str, contenders: Dict[str, Contender],
+                 mutate: Callable[[], None], check: Callable[[], None], result: Dict[str, Any]) -> None:
+    """``--store``: the rounds under ``<store>/<part>``, no profile and no reshard group."""
+    result.update(run_rounds(group, contenders, _join(args.dir, part), args.repeats, mutate, check))
     finish(group, result)
 
 
@@ -521,6 +634,18 @@ def jax_worker(args: argparse.Namespace) -> None:
         nnx.update(model, restored["model"])
         nnx.update(optimizer, restored["optimizer"])
 
+    if args.store:
+        def own_arrays() -> List[Any]:
+            return [np.asarray(s.data) for a in leaves(model) + leaves(optimizer) if isinstance(a, jax.Array)
+                    for s in a.addressable_shards if s.replica_id == 0]
+
+        store_worker(args, group, "jax", {"ours": ours_contender(acc), "raw": raw_store_contender(group.rank, own_arrays)},
+                     mutate, check, {**sizes(), "layers": layers, "hidden": hidden, "peer_skipped": (
+                         f"orbax-checkpoint {ocp.__version__} cannot write to s3:// (it turns the URL into a local "
+                         "path s3:/..., and its commit renames a folder, which S3 cannot do)"),
+                         "versions": {"jax": jax.__version__, "flax": flax.__version__}})
+        return
+
     standard = ocp.StandardCheckpointer()  # zstd-compressed chunks by default (ours: uncompressed)
     uncompressed = ocp.AsyncCheckpointer(ocp.PyTreeCheckpointHandler(use_compression=False))
 
@@ -580,14 +705,21 @@ def stats(values: Sequence[float]) -> Dict[str, float]:
     return {"min": low, "median": statistics.median(values), "max": high, "spread": high / low if low > 0 else float("inf")}
 
 
-def verdict(framework: str, contender: str, ratio: float) -> str:
+def verdict(framework: str, contender: str, ratio: float, store: bool = False) -> str:
     """The goal column of the time table: ours <= 1.1x the raw DCP / Orbax contender, faster than
-    Accelerate; the rest is information.
+    Accelerate; on a store (``--store``) ours <= 1.3x the raw transfer, faster than DCP's fsspec
+    storage; the rest is information.
 
     Example:
         >>> verdict("torch", "dcp", 1.05), verdict("jax", "orbax", 1.3), verdict("jax", "orbax_uncompressed", 2.0)
         ('<= 1.1x: yes', '<= 1.1x: NO', '')
+        >>> verdict("torch", "raw", 1.25, store=True), verdict("torch", "dcp_fsspec", 0.8, store=True)
+        ('<= 1.3x: yes', '< 1x: yes')
     """
+    if store:
+        if contender in STORE_RAW.get(framework, ()):
+            return f"<= {STORE_GOAL:g}x: {'yes' if ratio <= STORE_GOAL else 'NO'}"
+        return f"< 1x: {'yes' if ratio < 1 else 'NO'}" if contender in STORE_PEERS else ""
     if contender in RAW.get(framework, ()):
         return f"<= {GOAL:g}x: {'yes' if ratio <= GOAL else 'NO'}"
     if contender == "accelerate":
@@ -595,7 +727,7 @@ def verdict(framework: str, contender: str, ratio: float) -> str:
     return ""
 
 
-def time_table(results: Dict[str, Dict[str, Any]]) -> List[str]:
+def time_table(results: Dict[str, Dict[str, Any]], store: bool = False) -> List[str]:
     lines = ["| framework | operation | contender | rounds | min (s) | median (s) | max (s) | spread (max/min) "
              "| ours / this (median) | goal |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for fw, res in results.items():
@@ -608,7 +740,7 @@ def time_table(results: Dict[str, Dict[str, Any]]) -> List[str]:
                 ratio = ours / s["median"]
                 lines.append(f"| {fw} | {op}_state | {name} | {len(procs[0]['samples'][name][op])} | {s['min']:.3f} | "
                              f"{s['median']:.3f} | {s['max']:.3f} | {s['spread']:.2f}x | {ratio:.2f}x | "
-                             f"{verdict(fw, name, ratio) if name != 'ours' else ''} |")
+                             f"{verdict(fw, name, ratio, store) if name != 'ours' else ''} |")
     return lines
 
 
@@ -651,6 +783,8 @@ def profile_table(results: Dict[str, Dict[str, Any]]) -> List[str]:
     lines = []
     for fw, res in results.items():
         procs = res["bench"]["processes"]
+        if "profile" not in procs[0]:  # --store
+            continue
         phases = list(dict.fromkeys(k for p in procs for k in p["profile"]))
         lines += [f"\n{fw}: one save_state + load_state of ours, phase by phase (s; '.' marks a phase inside the "
                   "next unmarked one)", "| phase | " + " | ".join(f"process {r}" for r in range(len(procs))) + " |",
@@ -674,13 +808,15 @@ def picture(results: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, List[floa
     return rows
 
 
-def report(results: Dict[str, Dict[str, Any]]) -> str:
-    out = ["Time per call (a round's time is its slowest process's)", *time_table(results)]
+def report(results: Dict[str, Dict[str, Any]], store: bool = False) -> str:
+    out = ["Time per call (a round's time is its slowest process's)", *time_table(results, store)]
     for fw, res in results.items():
         first = res["bench"]["processes"][0]
         reason = first.get("accelerate_skipped")
         if reason:
             out.append(f"\n{fw}: no Accelerate column: {reason}")
+        if first.get("peer_skipped"):
+            out.append(f"\n{fw}: no peer column: {first['peer_skipped']}")
         out.append(f"\n{fw}: {first['layers']} x Linear({first['hidden']}, {first['hidden']}), whole state "
                    f"{first['state_bytes'] / GB:.3f} GB on 2 processes; versions {first['versions']}")
         out.append("| contender | files | bytes on disk (apparent) | allocated |")
@@ -689,8 +825,9 @@ def report(results: Dict[str, Dict[str, Any]]) -> str:
             out.append(f"| {name} | {d['files']} | {d['apparent']:,} | {d['allocated']:,} |")
     method = next(iter(results.values()))["bench"]["rss_method"]
     out += [f"\nPeak RSS per process ({method}; worst round of each contender)", *memory_table(results)]
-    out += ["\nReshard: ours, the same 2-process checkpoint loaded by 2 and by 3 processes (one warm-up load each, "
-            "then the rounds)", *reshard_table(results)]
+    if not store:
+        out += ["\nReshard: ours, the same 2-process checkpoint loaded by 2 and by 3 processes (one warm-up load each, "
+                "then the rounds)", *reshard_table(results)]
     out += profile_table(results)
     return "\n".join(out)
 
@@ -704,6 +841,8 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2304, help="width of each Linear layer (2 and 3 should divide it)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds each process group may take")
     parser.add_argument("--picture", default=str(PICTURE), help="where the PNG goes ('' for none)")
+    parser.add_argument("--store", action="store_true",
+                        help="to moto's S3 server on loopback instead of a folder (issue 29; needs moto[server])")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=["bench", "load"], help=argparse.SUPPRESS)
@@ -715,20 +854,37 @@ def main() -> None:
         (torch_worker if args.part == "torch" else jax_worker)(args)
         return
 
-    own_dir = args.dir is None
-    directory = tempfile.mkdtemp(prefix="unified-sharded-bench-") if own_dir else os.path.abspath(args.dir)
-    os.makedirs(directory, exist_ok=True)
+    server = None
+    if args.store:
+        from store_checkpoint import _start_server
+
+        server, endpoint = _start_server()
+        os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                          AWS_DEFAULT_REGION="us-east-1")
+        import fsspec
+
+        bucket = f"bench-sharded-{int(time.time())}"
+        fsspec.filesystem("s3").mkdir(bucket)
+        own_dir, directory = False, f"s3://{bucket}/sharded"
+        if args.picture == str(PICTURE):
+            args.picture = str(STORE_PICTURE)
+    else:
+        own_dir = args.dir is None
+        directory = tempfile.mkdtemp(prefix="unified-sharded-bench-") if own_dir else os.path.abspath(args.dir)
+        os.makedirs(directory, exist_ok=True)
     started, load_start = time.perf_counter(), os.getloadavg()[0]
     results: Dict[str, Dict[str, Any]] = {}
     try:
         for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
             common = ["--part", part, "--size-gb", str(args.size_gb), "--repeats", str(args.repeats),
-                      "--dir", directory, "--hidden", str(args.hidden)]
+                      "--dir", directory, "--hidden", str(args.hidden)] + (["--store"] if args.store else [])
             _log(f"== {part}: 2 processes, every contender ==")
             bench = run_launched(__file__, part, common + ["--role", "bench"], args.timeout, processes=2)
             if bench is None:
                 sys.exit(f"{part}: the 2-process group gave no result (its output is above)")
             results[part] = {"bench": bench}
+            if args.store:
+                continue
             _log(f"== {part}: 3 processes load the 2-process checkpoint ==")
             load3 = run_launched(__file__, part, common + ["--role", "load"], args.timeout, processes=3)
             if load3 is None:
@@ -742,15 +898,19 @@ def main() -> None:
     finally:
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
+        if server is not None:
+            server.kill()
+            server.wait()
     print(f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"--size-gb {args.size_gb} --repeats {args.repeats} --hidden {args.hidden}; wall time "
           f"{time.perf_counter() - started:.0f} s; 1-min load average at start {load_start:.2f}, at end "
           f"{os.getloadavg()[0]:.2f} (other processes on this machine disturb the timings)\n")
-    print(report(results))
+    print(report(results, args.store))
     if args.picture:
         from plot import as_samples, draw
 
-        draw(args.picture, f"sharded save_state / load_state, 2 processes, {args.size_gb:g} GB of state", "s",
+        where = " to S3 (moto, loopback)" if args.store else ""
+        draw(args.picture, f"sharded save_state / load_state{where}, 2 processes, {args.size_gb:g} GB of state", "s",
              as_samples(picture(results)))
 
 

@@ -304,11 +304,12 @@ class ShardedArrays(abc.ABC):
     with ``hashes_while_reading`` returns from `load_sharded_hashed` those of the files it read
     whole; the manager compares them with the manifest before anything is restored.
 
-    Object stores: a backend with ``sharded_to_store`` (and ``hashes_while_reading``) is given
-    an object store's URL as ``directory`` as well (``s3://…/sharded.<format>``): it writes and
-    reads there through `unified.checkpoint.store` (``location_of(url).write`` streams and
-    hashes each file; ``ObjectStore.files / read_range / reading`` for its reader), reports the
-    hashes of every file it wrote, and makes no folder. Without it, `save_state` to a store
+    Object stores: a backend with ``sharded_to_store`` is given an object store's URL as
+    ``directory`` as well (``s3://…/sharded.<format>``): it writes and reads there through
+    `unified.checkpoint.store` (``location_of(url).write`` streams and hashes each file;
+    ``ObjectStore.files / read_range / reading`` for its reader), reports the hashes of every
+    file it wrote, makes no folder, and is read with `load_sharded_hashed` (whatever its
+    ``hashes_while_reading``, which is about folders). Without it, `save_state` to a store
     refuses sharded state before anything is written."""
 
     sharded_format: str = "sharded"

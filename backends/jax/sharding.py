@@ -1,6 +1,7 @@
 """JAX's sharded state: where each array of a sharded NNX model or optimizer lives on the mesh
 (ZeRO-3 style), and `JaxSharding`, mixed into `JaxBackend`, which saves and loads sharded arrays
-with Orbax (through the storage of `backends.jax.storage`).
+through the storage of `backends.jax.storage`: with Orbax in a folder, as one safetensors file
+per process on an object store.
 
 The rule (docs/sharding.md, "JAX"): our mesh has one axis, ``"data"``, over every device of
 every process. An array is split along one of its dimensions over that axis:
@@ -22,7 +23,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 
-from unified.backend import ShardedArrays, ShardedTraining, ShardedWrite
+from unified.backend import FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
+from unified.config import is_url
 
 __all__ = ["AXIS", "JaxSharding", "annotations", "partition_spec", "split_dimension"]
 
@@ -92,15 +94,27 @@ class JaxSharding(ShardedTraining, ShardedArrays):
     def is_sharded(self, value: Any) -> bool:
         return isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated
 
-    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> None:
-        """Orbax writes each process's shards (the JAX way for multi-host state)."""
-        self.begin_sharded_save(directory, arrays).result()
+    # An object store gets the files of backends.jax.storage.write_shards (Orbax cannot write
+    # there), read back hashed (load_sharded_hashed); a folder gets Orbax's, verified before
+    # Orbax opens them (hashes_while_reading stays False: it is about folders).
+    sharded_to_store = True
+
+    def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> Optional[FileHashes]:
+        """Every process writes its own shards: Orbax in a folder (the JAX way for multi-host
+        state), one safetensors file per process on an object store."""
+        return self.begin_sharded_save(directory, arrays).result()
 
     def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
-        """Orbax's asynchronous save: its blocking part (host copies of this process's shards,
-        the folders, barriers) here; the returned write waits for its background part (the
-        writes, then the commit of process 0, ordered by barriers of the coordination service
-        under keys of their own, never a device collective), bounded by the group's timeout."""
+        """The blocking part here (host copies of this process's shards; for Orbax also its
+        folders and barriers); the returned write does the writes (for Orbax then the commit of
+        process 0, ordered by barriers of the coordination service under keys of their own,
+        never a device collective), bounded by the group's timeout."""
+        if is_url(directory):
+            from .storage import own_pieces, write_shards
+
+            pieces, info = own_pieces(arrays, copy=True)
+            process = self.process_index
+            return ShardedWrite(lambda: write_shards(directory, process, pieces, info))
         import orbax.checkpoint as ocp
 
         from .storage import uncompressed_pytree_handler
@@ -125,8 +139,21 @@ class JaxSharding(ShardedTraining, ShardedArrays):
         return ShardedWrite(finish)
 
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
+        """Orbax's files from a folder; `write_shards`' (a store's checkpoint copied to a folder)
+        with their reader."""
+        from .storage import holds_shard_files, read_shards
+
+        if holds_shard_files(directory):
+            return read_shards(directory, like)[0]
         import orbax.checkpoint as ocp
 
         target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in like.items()}
         with ocp.StandardCheckpointer() as checkpointer:
             return dict(checkpointer.restore(os.path.abspath(directory), target))
+
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+        """From an object store: `backends.jax.storage.read_shards` (no collective), with the
+        hashes of the objects it read whole."""
+        from .storage import read_shards
+
+        return read_shards(directory, like)

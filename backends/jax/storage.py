@@ -1,12 +1,45 @@
-"""The storage JAX's sharded state is written through: Orbax's own files, through its PyTree
-handler with uncompressed chunks. Used by `backends.jax.sharding` (the save and load), as
-torch's sharded state is written through its storage (backends/torch/storage.py)."""
+"""The storage JAX's sharded state is written through.
+
+- In a folder: Orbax's own files, through its PyTree handler with uncompressed chunks
+  (`uncompressed_pytree_handler`).
+- On an object store, where Orbax cannot write (it makes ``s3://`` a local path and commits by
+  renaming a folder): `write_shards` / `read_shards`, one safetensors file per process,
+  ``shard-<process>.safetensors``, holding that process's own pieces of every sharded array (the
+  pieces with ``replica_id == 0``, so that each piece is written once in the group). Each entry is
+  named ``<array>@<offsets>`` and the file's ``__metadata__`` says, under ``UNIFIED_SHARDS``,
+  which array each entry is a piece of, where it starts and the array's whole shape: any number
+  of processes reads it back (each takes the pieces its devices need). The files are streamed to
+  the store and hashed as they are written; a process that needs a file's every entry whole (a
+  restart on the same process count) streams it into its buffers and hashes it in the same pass,
+  and takes slices of the others with range requests (`unified` hashes those afterwards). The
+  same files read from a folder (a store checkpoint copied down) load too.
+
+Used by `backends.jax.sharding`, as torch's sharded state is written through its storage
+(backends/torch/storage.py).
+"""
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any
+import json
+import math
+import os
+import re
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-__all__ = ["uncompressed_pytree_handler"]
+import numpy as np
+
+from unified.backend import FileHashes
+from unified.checkpoint import safetensors_io
+from unified.checkpoint.store import ObjectStore, location_of
+from unified.config import is_url
+from unified.errors import CheckpointError, see
+
+__all__ = ["uncompressed_pytree_handler", "SHARD_FILE", "holds_shard_files", "own_pieces", "write_shards",
+           "read_shards"]
+
+SHARD_FILE = re.compile(r"shard-(\d{5})\.safetensors")  # process i writes shard-0000i.safetensors
+_SHARDS_INFO = "UNIFIED_SHARDS"  # __metadata__: {entry: {"array", "offsets", "global_shape"}}
 
 
 def uncompressed_pytree_handler(ocp: Any) -> Any:
@@ -14,3 +47,264 @@ def uncompressed_pytree_handler(ocp: Any) -> Any:
     (``use_compression``, not in orbax-checkpoint 0.11.17); its default otherwise."""
     accepted = inspect.signature(ocp.PyTreeCheckpointHandler.__init__).parameters
     return ocp.PyTreeCheckpointHandler(**({"use_compression": False} if "use_compression" in accepted else {}))
+
+
+# -- writing ----------------------------------------------------------------------------------------------
+def _bounds(index: Tuple[slice, ...], shape: Tuple[int, ...]) -> Tuple[Tuple[int, int], ...]:
+    """``(start, stop)`` per dimension of a shard's index (slices with ``None`` ends)."""
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape))
+
+
+def own_pieces(arrays: Mapping[str, Any], copy: bool) -> Tuple[Dict[str, np.ndarray], Dict[str, Dict[str, Any]]]:
+    """This process's pieces of the sharded ``arrays`` (those with ``replica_id == 0``) as host
+    arrays named ``<array>@<offsets>``, and what the file's metadata says of each. ``copy``: host
+    copies the training may not change (an async save); otherwise views where the device is the
+    host's memory.
+
+    Example:
+        >>> pieces, info = own_pieces({"w": sharded}, copy=False)
+        >>> info["w@0,4"]
+        {'array': 'w', 'offsets': [0, 4], 'global_shape': [8, 8]}
+    """
+    import jax
+
+    pieces: Dict[str, np.ndarray] = {}
+    info: Dict[str, Dict[str, Any]] = {}
+    for key, array in arrays.items():
+        for shard in array.addressable_shards:
+            if shard.replica_id != 0:
+                continue
+            offsets = [start for start, _ in _bounds(shard.index, array.shape)]
+            name = f"{key}@{','.join(map(str, offsets))}"
+            host = np.asarray(jax.device_get(shard.data))
+            pieces[name] = np.array(host, copy=True) if copy else host
+            info[name] = {"array": key, "offsets": offsets, "global_shape": list(array.shape)}
+    return pieces, info
+
+
+def write_shards(directory: str, process: int, pieces: Mapping[str, np.ndarray],
+                 info: Mapping[str, Dict[str, Any]]) -> FileHashes:
+    """Stream this process's ``pieces`` (from `own_pieces`) into ``directory`` (a store's URL
+    or a folder) as ``shard-<process>.safetensors``, hashed as written; ``{name: {size, xxh3}}``
+    (nothing written, ``{}``, when the process holds no piece).
+
+    Example:
+        >>> write_shards("s3://bucket/run/checkpoint_3/sharded.orbax", 0, *own_pieces(arrays, copy=False))
+        {'shard-00000.safetensors': {'size': 4200, 'xxh3': '...'}}
+    """
+    if not pieces:
+        return {}
+    name = f"shard-{process:05d}.safetensors"
+    path = f"{directory.rstrip('/')}/{name}" if is_url(directory) else os.path.join(directory, name)
+    exported = {key: safetensors_io.export_numpy(value) for key, value in pieces.items()}
+    return {name: location_of(path).write(path, exported, live=False,
+                                          metadata={_SHARDS_INFO: json.dumps(dict(info), sort_keys=True)})}
+
+
+# -- reading ----------------------------------------------------------------------------------------------
+class _Piece(NamedTuple):
+    path: str          # the file (an object's URL or a folder's path)
+    entry: str         # its name in the file
+    dtype: str         # safetensors dtype
+    offsets: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    start: int         # bytes [start, end) of the file
+    end: int
+
+
+class _Files:
+    """What the reader needs of the files under a store prefix or in a folder."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.store = ObjectStore(directory) if is_url(directory) else None
+
+    def path(self, name: str) -> str:
+        return f"{self.directory.rstrip('/')}/{name}" if self.store else os.path.join(self.directory, name)
+
+    def names(self) -> List[str]:
+        if self.store is not None:
+            return self.store.files(self.directory)
+        return sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else []
+
+    def size(self, path: str) -> int:
+        return self.store.size_of(path) if self.store is not None else os.path.getsize(path)
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        if self.store is not None:
+            return self.store.read_range(path, start, end)
+        with open(path, "rb") as handle:
+            data = os.pread(handle.fileno(), end - start, start)
+        if len(data) != end - start:
+            raise CheckpointError(f"{path}: ended before byte {end}; nothing was restored." + see("file-ended"))
+        return data
+
+    @contextlib.contextmanager
+    def reading(self, path: str) -> Iterator[Any]:
+        if self.store is not None:
+            with self.store.reading(path) as handle:
+                yield handle
+        else:
+            with open(path, "rb") as handle:
+                yield handle
+
+
+def holds_shard_files(directory: str) -> bool:
+    """Whether ``directory`` (a store's prefix or a folder) holds `write_shards`' files."""
+    return any(SHARD_FILE.fullmatch(name) for name in _Files(directory).names())
+
+
+def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int, ...]], Dict[str, int]]:
+    """Every piece of every array, from the files' headers: ``array -> pieces``, each array's
+    whole shape, each file's size."""
+    pieces: Dict[str, List[_Piece]] = {}
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    sizes: Dict[str, int] = {}
+    for name in files.names():
+        if not SHARD_FILE.fullmatch(name):
+            continue
+        path = files.path(name)
+        sizes[path] = size = files.size(path)
+        data_start, entries, extra = safetensors_io.header_of(
+            lambda at, count: files.read_range(path, at, at + count), path, size)
+        try:
+            info = json.loads(extra[_SHARDS_INFO])
+            described = {entry: (str(info[entry]["array"]), tuple(int(o) for o in info[entry]["offsets"]),
+                                 tuple(int(n) for n in info[entry]["global_shape"])) for entry in entries}
+            problem = _misfit(entries, described, shapes)
+        except (KeyError, TypeError, ValueError) as err:
+            problem = f"{type(err).__name__}: {err}"
+        if problem is not None:
+            raise CheckpointError(f"{path}: its {_SHARDS_INFO} metadata does not describe its entries ({problem}); "
+                                  "nothing was restored." + see("sharded-load-failed"))
+        for entry, (dtype, shape, begin, end) in entries.items():
+            array, offsets, _ = described[entry]
+            pieces.setdefault(array, []).append(_Piece(path, entry, dtype, offsets, tuple(shape),
+                                                       data_start + begin, data_start + end))
+    if not sizes:
+        raise CheckpointError(f"{files.directory}: holds no shard file (shard-NNNNN.safetensors); nothing was "
+                              "restored." + see("sharded-files-unlisted"))
+    return pieces, shapes, sizes
+
+
+def _misfit(entries: Mapping[str, Tuple[str, Tuple[int, ...], int, int]],
+            described: Mapping[str, Tuple[str, Tuple[int, ...], Tuple[int, ...]]],
+            shapes: Dict[str, Tuple[int, ...]]) -> Optional[str]:
+    """Why a file's entries do not fit the arrays its metadata names (``shapes``: each array's
+    whole shape so far, extended here), or None."""
+    for entry, (_, shape, _, _) in entries.items():
+        array, offsets, whole = described[entry]
+        if len(offsets) != len(shape) or len(whole) != len(shape) or any(
+                o < 0 or o + n > w for o, n, w in zip(offsets, shape, whole)):
+            return f"{entry} does not fit in its array of shape {whole}"
+        if shapes.setdefault(array, whole) != whole:
+            return f"{array} has the shape {whole} here and {shapes[array]} in another file"
+    return None
+
+
+def _overlap(piece: _Piece, bounds: Tuple[Tuple[int, int], ...]) -> Optional[Tuple[Tuple[slice, ...], Tuple[slice, ...]]]:
+    """Where ``piece`` and the region ``bounds`` meet: (slices of the piece, slices of the
+    region), or None."""
+    taken, placed = [], []
+    for offset, length, (low, high) in zip(piece.offsets, piece.shape, bounds):
+        begin, end = max(offset, low), min(offset + length, high)
+        if begin >= end:
+            return None
+        taken.append(slice(begin - offset, end - offset))
+        placed.append(slice(begin - low, end - low))
+    return tuple(taken), tuple(placed)
+
+
+def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+    """`write_shards`' files in ``directory`` read into new arrays placed like ``like`` (on any
+    number of processes), and ``{name: {size, xxh3}}`` of the files this process read whole
+    (hashed in that pass). No collective: each process reads what its devices need.
+
+    Example:
+        >>> arrays, hashed = read_shards("s3://bucket/run/checkpoint_3/sharded.orbax", {"w": live_w})
+    """
+    import jax
+
+    files = _Files(directory)
+    pieces, shapes, sizes = _pieces(files)
+    # (array, region) -> the buffers of this process's devices that hold that region
+    regions: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], List[Tuple[Any, np.ndarray]]] = {}
+    for key, value in like.items():
+        if key not in pieces:
+            raise CheckpointError(f"{directory}: holds no piece of {key!r}; nothing was restored."
+                                  + see("sharded-no-counterpart"))
+        if shapes[key] != tuple(value.shape):
+            raise CheckpointError(f"{directory}: {key!r} has the shape {shapes[key]} there and {tuple(value.shape)} "
+                                  "in this run; nothing was restored." + see("sharded-load-failed"))
+        dtype = np.dtype(value.dtype)
+        stored = {piece.dtype for piece in pieces[key]}
+        if stored != {safetensors_io.safetensors_dtype(dtype)}:
+            raise CheckpointError(f"{directory}: {key!r} is stored as {sorted(stored)} and is {dtype.name} in this run; "
+                                  "nothing was restored." + see("sharded-load-failed"))
+        for device, index in value.sharding.addressable_devices_indices_map(value.shape).items():
+            bounds = _bounds(index, tuple(value.shape))
+            regions.setdefault((key, bounds), []).append((device, np.empty([b - a for a, b in bounds], dtype)))
+    filled: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], int] = {region: 0 for region in regions}
+    hashed: FileHashes = {}
+    by_file: Dict[str, List[Tuple[str, _Piece]]] = {}
+    for key, saved in pieces.items():
+        for piece in saved:
+            by_file.setdefault(piece.path, []).append((key, piece))
+    for path, held in by_file.items():
+        needed = [(key, piece) for key, piece in held if any(
+            _overlap(piece, bounds) for (k, bounds) in regions if k == key)]
+        if not needed:
+            continue
+        whole = {piece.entry: regions.get((key, tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape))))
+                 for key, piece in held}
+        if all(buffers for buffers in whole.values()):  # every entry is one of this process's regions
+            hashed[os.path.basename(path)] = _read_whole(files, path, sizes[path], whole)
+            for key, piece in held:
+                filled[(key, tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape)))] += math.prod(piece.shape)
+            continue
+        for key, piece in needed:  # slices: the saved piece fetched once, its overlaps copied out
+            data = np.frombuffer(bytearray(files.read_range(path, piece.start, piece.end)),
+                                 dtype=safetensors_io.numpy_dtype(piece.dtype)).reshape(piece.shape)
+            for (k, bounds), buffers in regions.items():
+                meet = _overlap(piece, bounds) if k == key else None
+                if meet is None:
+                    continue
+                for _, buffer in buffers:
+                    buffer[meet[1]] = data[meet[0]]
+                filled[(k, bounds)] += math.prod(s.stop - s.start for s in meet[1])
+    out: Dict[str, Any] = {}
+    for key, value in like.items():
+        arrays = []
+        for (k, bounds), buffers in regions.items():
+            if k != key:
+                continue
+            if filled[(k, bounds)] != math.prod(b - a for a, b in bounds):
+                raise CheckpointError(f"{directory}: its pieces of {key!r} do not cover the part {bounds} this process "
+                                      "holds; nothing was restored." + see("sharded-load-failed"))
+            arrays += [jax.device_put(buffer, device) for device, buffer in buffers]
+        out[key] = jax.make_array_from_single_device_arrays(tuple(value.shape), value.sharding, arrays)
+    return out, hashed
+
+
+def _read_whole(files: _Files, path: str, size: int,
+                whole: Mapping[str, Optional[List[Tuple[Any, np.ndarray]]]]) -> Dict[str, object]:
+    """Stream the file ``path`` into the buffers of its entries (``whole``), hashing it in the
+    same pass; the other buffers of the same region get copies."""
+    def destination(entry: str, dtype: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
+        buffers = whole.get(entry)
+        if not buffers:
+            return None
+        first = buffers[0][1]
+        if tuple(first.shape) != tuple(shape) or safetensors_io.safetensors_dtype(first.dtype) != dtype:
+            return None
+        return first.reshape(-1).view(np.uint8)
+
+    with files.reading(path) as handle:
+        hashes = safetensors_io.read_stream_into(handle, path, size, destination)
+    if hashes is None:
+        raise CheckpointError(f"{path}: changed while it was read (its entries are not those its header listed "
+                              "before); nothing was restored." + see("file-ended"))
+    for buffers in whole.values():
+        for _, buffer in (buffers or [])[1:]:
+            buffer[...] = buffers[0][1]  # type: ignore[index]
+    return hashes

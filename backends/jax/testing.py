@@ -241,8 +241,9 @@ class JaxShardedSetup:
 
     @staticmethod
     def shard_file_process(relative: str) -> "int | None":
-        """Orbax's OCDBT layout: process ``i`` writes the files under ``ocdbt.process_<i>/``."""
-        match = re.match(r"ocdbt\.process_(\d+)/", relative)
+        """In a folder, Orbax's OCDBT layout: process ``i`` writes the files under
+        ``ocdbt.process_<i>/``; on an object store, ``shard-<i>.safetensors`` (backends.jax.storage)."""
+        match = re.match(r"ocdbt\.process_(\d+)/", relative) or re.fullmatch(r"shard-(\d{5})\.safetensors", relative)
         return int(match.group(1)) if match else None
 
     def _full_names(self, tree) -> list:

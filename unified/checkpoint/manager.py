@@ -962,7 +962,7 @@ class CheckpointManager:
                                   + see("sharded-no-counterpart"))
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
         root, like = os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()}
-        hashing = self.sharding.hashes_while_reading
+        hashing = self.sharding.hashes_while_reading or is_url(directory)  # a store is read hashed
         restored: Dict[str, Any] = {}
         hashes: Dict[str, Any] = {}
         read_error: Optional[BaseException] = None
@@ -1229,7 +1229,7 @@ class CheckpointManager:
         the manifest and has its size; returns each one's ETag (its reader hashes what it reads,
         `_check_read_hashes` the rest)."""
         where = os.path.join(directory, "manifest.json")
-        if not self.sharding.hashes_while_reading or not getattr(self.sharding, "sharded_to_store", False):
+        if not getattr(self.sharding, "sharded_to_store", False):
             raise CheckpointError(f"{where}: holds arrays sharded across processes on an object store, which the "
                                   f"{self.backend.name!r} backend cannot read from a store." + see("object-storage-limits"))
         store = ObjectStore(directory)

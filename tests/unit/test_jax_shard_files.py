@@ -1,0 +1,123 @@
+"""JAX's sharded state in its object-store layout (`backends/jax/storage.py`: one safetensors file
+per process, pieces named ``<array>@<offsets>``), in one process with four CPU devices (a child
+process: the device count is fixed when JAX starts). Written under one placement, read under
+others (another split dimension, fewer devices, replication over part of a mesh) exactly; the
+file read whole is hashed in the same pass (the bytes on disk), a sliced read reports no hash
+(the manager hashes those files); shapes, dtypes and pieces that do not fit are refused with
+nothing returned."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+
+REPO = Path(__file__).resolve().parents[2]
+
+_CHILD = r"""
+import json, os, sys, tempfile
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from backends.jax.storage import holds_shard_files, own_pieces, read_shards, write_shards
+from unified.checkpoint import safetensors_io
+from unified.errors import CheckpointError
+
+devices = np.array(jax.devices())
+rows, two, grid = Mesh(devices, ("d",)), Mesh(devices[:2], ("d",)), Mesh(devices.reshape(2, 2), ("a", "b"))
+w = np.arange(48, dtype=np.float32).reshape(8, 6)
+b = (np.arange(48, dtype=np.float32).reshape(8, 6) / 7).astype(jnp.bfloat16)
+saved = {"w": jax.device_put(w, NamedSharding(rows, P("d", None))),
+         "b": jax.device_put(b, NamedSharding(grid, P(None, "a")))}  # replicated over "b": written once
+folder = tempfile.mkdtemp()
+pieces, info = own_pieces(saved, copy=True)
+hashes = write_shards(folder, 0, pieces, info)
+out = {"pieces": sorted(pieces), "b_info": info["b@0,3"], "holds": holds_shard_files(folder),
+       "empty": write_shards(folder, 1, {}, {}), "files": sorted(os.listdir(folder))}
+path = os.path.join(folder, "shard-00000.safetensors")
+out["written_hash_is_disk"] = hashes["shard-00000.safetensors"] == safetensors_io.verify_file(
+    path, os.path.getsize(path), hashes["shard-00000.safetensors"]["xxh3"])
+
+def zeros(value, sharding):
+    return jax.device_put(np.zeros(value.shape, value.dtype), sharding)
+
+def exact(arrays):
+    return (np.array_equal(np.asarray(arrays["w"]), w)
+            and np.array_equal(np.asarray(arrays["b"]).astype(np.float32), b.astype(np.float32)))
+
+same = {k: zeros(v, v.sharding) for k, v in saved.items()}
+arrays, hashed = read_shards(folder, same)
+out["same"] = {"exact": exact(arrays), "hashed": hashed == hashes,
+               "placed": all(arrays[k].sharding == same[k].sharding for k in same)}
+other = {"w": zeros(saved["w"], NamedSharding(two, P(None, "d"))), "b": zeros(saved["b"], NamedSharding(rows, P("d")))}
+arrays, hashed = read_shards(folder, other)
+out["other"] = {"exact": exact(arrays), "hashed": hashed,
+                "placed": all(arrays[k].sharding == other[k].sharding for k in other)}
+
+def refused(like, where=folder):
+    try:
+        read_shards(where, like)
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+out["shape"] = refused({"w": jax.device_put(np.zeros((8, 4), np.float32), NamedSharding(rows, P("d")))})
+out["dtype"] = refused({"w": jax.device_put(np.zeros((8, 6), np.int32), NamedSharding(rows, P("d")))})
+out["unknown"] = refused({"v": same["w"]})
+out["nothing"] = refused({"w": same["w"]}, tempfile.mkdtemp())
+# a piece missing: only the first row block of w written
+gap = tempfile.mkdtemp()
+write_shards(gap, 0, {"w@0,0": pieces["w@0,0"]}, {"w@0,0": info["w@0,0"]})
+out["gap"] = refused({"w": same["w"]}, gap)
+def lone_file(about):  # one piece of w (its first two rows) described by ``about``
+    where = tempfile.mkdtemp()
+    safetensors_io.write(os.path.join(where, "shard-00000.safetensors"), {"w@0,0": safetensors_io.export_numpy(w[:2])},
+                         metadata={"UNIFIED_SHARDS": json.dumps(about)})
+    return where
+out["undescribed"] = refused({"w": same["w"]}, lone_file({}))
+out["outside"] = refused({"w": same["w"]}, lone_file({"w@0,0": {"array": "w", "offsets": [7, 0], "global_shape": [8, 6]}}))
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def result():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_each_piece_is_written_once_by_the_process_holding_its_first_replica(result):
+    assert result["pieces"] == ["b@0,0", "b@0,3", "w@0,0", "w@2,0", "w@4,0", "w@6,0"]
+    assert result["b_info"] == {"array": "b", "offsets": [0, 3], "global_shape": [8, 6]}
+    assert result["holds"] and result["empty"] == {} and result["files"] == ["shard-00000.safetensors"]
+    assert result["written_hash_is_disk"]
+
+
+def test_read_back_exactly_under_the_same_placement_hashed_in_the_same_pass(result):
+    assert result["same"] == {"exact": True, "hashed": True, "placed": True}
+
+
+def test_read_back_exactly_under_another_placement_in_slices(result):
+    assert result["other"] == {"exact": True, "hashed": {}, "placed": True}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("shape", "has the shape (8, 6) there and (8, 4) in this run"),
+    ("dtype", "is stored as ['F32'] and is int32 in this run"),
+    ("unknown", "holds no piece of 'v'"),
+    ("nothing", "holds no shard file"),
+    ("gap", "do not cover the part"),
+    ("undescribed", "UNIFIED_SHARDS metadata does not describe its entries (KeyError"),
+    ("outside", "w@0,0 does not fit in its array of shape (8, 6)"),
+])
+def test_what_does_not_fit_is_refused_naming_it(result, case, words):
+    assert result[case] is not None and words in result[case] and "nothing was restored" in result[case]
+    assert "docs/troubleshooting.md#" in result[case]
