@@ -227,8 +227,8 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 
     files = _Files(directory)
     pieces, shapes, sizes = _pieces(files)
-    # (array, region) -> the buffers of this process's devices that hold that region
-    regions: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], List[Tuple[Any, np.ndarray]]] = {}
+    # array -> region -> the buffers of this process's devices that hold that region
+    regions: Dict[str, Dict[Tuple[Tuple[int, int], ...], List[Tuple[Any, np.ndarray]]]] = {}
     for key, value in like.items():
         if key not in pieces:
             raise CheckpointError(f"{directory}: holds no piece of {key!r}; nothing was restored."
@@ -241,49 +241,54 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
         if stored != {safetensors_io.safetensors_dtype(dtype)}:
             raise CheckpointError(f"{directory}: {key!r} is stored as {sorted(stored)} and is {dtype.name} in this run; "
                                   "nothing was restored." + see("sharded-load-failed"))
+        mine = regions.setdefault(key, {})
         for device, index in value.sharding.addressable_devices_indices_map(value.shape).items():
             bounds = _bounds(index, tuple(value.shape))
-            regions.setdefault((key, bounds), []).append((device, np.empty([b - a for a, b in bounds], dtype)))
-    filled: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], int] = {region: 0 for region in regions}
+            mine.setdefault(bounds, []).append((device, np.empty([b - a for a, b in bounds], dtype)))
+    filled = {(key, bounds): 0 for key, mine in regions.items() for bounds in mine}
     hashed: FileHashes = {}
     by_file: Dict[str, List[Tuple[str, _Piece]]] = {}
-    for key, saved in pieces.items():
-        for piece in saved:
+    for key in regions:
+        for piece in pieces[key]:
             by_file.setdefault(piece.path, []).append((key, piece))
     for path, held in by_file.items():
-        needed = [(key, piece) for key, piece in held if any(
-            _overlap(piece, bounds) for (k, bounds) in regions if k == key)]
-        if not needed:
-            continue
-        whole = {piece.entry: regions.get((key, tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape))))
-                 for key, piece in held}
-        if all(buffers for buffers in whole.values()):  # every entry is one of this process's regions
+        whole = {piece.entry: regions[key].get(_extent(piece)) for key, piece in held}
+        if len(whole) == len(held) and all(whole.values()) and \
+                set(whole) == set(_entries_of(pieces, path)):  # every entry of the file is one of our regions
             hashed[os.path.basename(path)] = _read_whole(files, path, sizes[path], whole)
             for key, piece in held:
-                filled[(key, tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape)))] += math.prod(piece.shape)
+                filled[(key, _extent(piece))] += math.prod(piece.shape)
             continue
-        for key, piece in needed:  # slices: the saved piece fetched once, its overlaps copied out
+        for key, piece in held:  # slices: the saved piece fetched once, its overlaps copied out
+            meets = [(bounds, buffers, meet) for bounds, buffers in regions[key].items()
+                     for meet in [_overlap(piece, bounds)] if meet is not None]
+            if not meets:
+                continue
             data = np.frombuffer(bytearray(files.read_range(path, piece.start, piece.end)),
                                  dtype=safetensors_io.numpy_dtype(piece.dtype)).reshape(piece.shape)
-            for (k, bounds), buffers in regions.items():
-                meet = _overlap(piece, bounds) if k == key else None
-                if meet is None:
-                    continue
+            for bounds, buffers, (taken, placed) in meets:
                 for _, buffer in buffers:
-                    buffer[meet[1]] = data[meet[0]]
-                filled[(k, bounds)] += math.prod(s.stop - s.start for s in meet[1])
+                    buffer[placed] = data[taken]
+                filled[(key, bounds)] += math.prod(s.stop - s.start for s in placed)
     out: Dict[str, Any] = {}
     for key, value in like.items():
         arrays = []
-        for (k, bounds), buffers in regions.items():
-            if k != key:
-                continue
-            if filled[(k, bounds)] != math.prod(b - a for a, b in bounds):
+        for bounds, buffers in regions[key].items():
+            if filled[(key, bounds)] != math.prod(b - a for a, b in bounds):
                 raise CheckpointError(f"{directory}: its pieces of {key!r} do not cover the part {bounds} this process "
                                       "holds; nothing was restored." + see("sharded-load-failed"))
             arrays += [jax.device_put(buffer, device) for device, buffer in buffers]
         out[key] = jax.make_array_from_single_device_arrays(tuple(value.shape), value.sharding, arrays)
     return out, hashed
+
+
+def _extent(piece: _Piece) -> Tuple[Tuple[int, int], ...]:
+    """The region of its array that ``piece`` holds, as `_bounds` gives a device's."""
+    return tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape))
+
+
+def _entries_of(pieces: Mapping[str, List[_Piece]], path: str) -> List[str]:
+    return [piece.entry for saved in pieces.values() for piece in saved if piece.path == path]
 
 
 def _read_whole(files: _Files, path: str, size: int,
