@@ -39,7 +39,8 @@ from .parent_watch import PARENT_VARIABLE, watched
 from .preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, SIGNALS_VARIABLE, STATUS_DIR_VARIABLE, read_statuses,
                          resolve_preemption_signals, signal_names)
 from . import rendezvous as together
-from .rendezvous import Layout, Rendezvous, RendezvousClient, RendezvousLost, RendezvousServer, free_port_everywhere
+from .rendezvous import (BEAT_S, HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S, Layout, Rendezvous, RendezvousClient,
+                         RendezvousLost, RendezvousServer, free_port_everywhere)
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
@@ -101,6 +102,12 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--rendezvous-last-call", "--rendezvous_last_call", type=float, default=30.0,
                         help="MIN:MAX machines: once MIN joined, how long an attempt waits for more (default 30 s; "
                              "a restart starts as soon as the machines of the last attempt still there are back)")
+    parser.add_argument("--rendezvous-heartbeat-timeout", "--rendezvous_heartbeat_timeout", type=float,
+                        default=HEARTBEAT_TIMEOUT_S,
+                        help="several machines with --max-restarts: a machine whose launcher has not answered for "
+                             f"this long is lost (default {HEARTBEAT_TIMEOUT_S:g} s, torchrun's 3 missed keep-alives "
+                             f"of 5 s; at least {MIN_HEARTBEAT_TIMEOUT_S:g}): the attempt ends everywhere, and the "
+                             "others stop after as long without machine 0")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return parser
@@ -168,6 +175,11 @@ def _validate(args: argparse.Namespace) -> None:
                          + see("launch-grace-period"))
     if getattr(args, "max_restarts", 0) < 0:
         raise SystemExit(f"unified launch: --max-restarts must be >= 0; received {args.max_restarts}." + see("launch-max-restarts"))
+    heartbeat = getattr(args, "rendezvous_heartbeat_timeout", HEARTBEAT_TIMEOUT_S)
+    if not heartbeat >= MIN_HEARTBEAT_TIMEOUT_S:
+        raise SystemExit(f"unified launch: --rendezvous-heartbeat-timeout must be at least {MIN_HEARTBEAT_TIMEOUT_S:g} "
+                         f"seconds (launchers answer every {BEAT_S:g} s); received {heartbeat}."
+                         + see("launch-heartbeat-timeout"))
     if not os.path.exists(args.script):
         raise SystemExit(f"unified launch: script not found: {args.script!r}." + see("launch-script-not-found"))
     try:
@@ -692,13 +704,15 @@ def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher,
     """Several machines under --max-restarts: every attempt is agreed at machine 0's rendezvous
     (`unified.rendezvous`), which gives it its machines and a fresh port for its group."""
     port = args.main_process_port or 29500
+    heartbeat = args.rendezvous_heartbeat_timeout
     server = None
     if args.machine_rank == 0:
         _refuse_port_in_use(port)
         rendezvous = Rendezvous(args.min_machines, args.num_machines, args.max_restarts, args.rendezvous_last_call,
-                                timeout=args.rendezvous_timeout, pick_port=free_port_everywhere)
+                                timeout=args.rendezvous_timeout, heartbeat_timeout=heartbeat,
+                                pick_port=free_port_everywhere)
         server = RendezvousServer(rendezvous, port).start()
-    client = RendezvousClient(f"{args.main_process_ip}:{port}", args.machine_rank)
+    client = RendezvousClient(f"{args.main_process_ip}:{port}", args.machine_rank, patience=heartbeat)
     command = [args.script, *args.script_args]
     try:
         client.join(args.num_processes, patience=args.rendezvous_timeout)  # machine 0 may start later

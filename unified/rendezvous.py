@@ -47,7 +47,8 @@ DONE, FAILED, LEAVES = "done", "failed", "leaves"
 # A launcher beats every BEAT_S while it waits or runs; one silent for HEARTBEAT_TIMEOUT_S is lost
 # (torchrun's c10d rendezvous: a keep-alive every 5 s, lost after 3 missed).
 BEAT_S = 0.5
-HEARTBEAT_TIMEOUT_S = 15.0
+HEARTBEAT_TIMEOUT_S = 15.0  # unified launch --rendezvous-heartbeat-timeout
+MIN_HEARTBEAT_TIMEOUT_S = 4 * BEAT_S  # the rendezvous counts a machine silent for 4 beats as not there
 
 
 @dataclass(frozen=True)

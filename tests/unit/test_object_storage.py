@@ -257,3 +257,28 @@ def test_a_load_fills_the_live_arrays_from_its_verified_local_copy_not_a_second_
     with pytest.raises(CheckpointError, match="changed after it was verified; nothing was restored"):
         acc.load_state(f"{url}/run/copy")
     assert _same(_params(model), moved)
+
+
+def test_a_backend_without_sharded_to_store_refuses_sharded_state_on_a_store_and_writes_nothing(
+        bucket, accelerator_of, monkeypatch):
+    """Both built-in backends write sharded state to a store; a third-party backend that does
+    not (no ``sharded_to_store``) must be refused before anything is written, and must not read
+    a store's sharded checkpoint either."""
+    from unified import FullyShardedDataParallelPlugin
+
+    import torch
+
+    url, fs = bucket
+    acc, model, optimizer = accelerator_of()
+    # one process holds whole arrays: call the weight sharded (DCP writes plain tensors too)
+    monkeypatch.setattr(type(acc._backend), "is_sharded", lambda self, value: torch.is_tensor(value) and value.ndim == 2)
+    acc.save_state(f"{url}/sharded")
+    assert any(path.rsplit("/", 1)[-1].startswith("sharded.") for path in fs.ls(f"{url}/sharded", detail=False))
+    monkeypatch.setattr(type(acc._backend), "sharded_to_store", False)
+    with pytest.raises(CheckpointError, match=r"to a folder only in this version; nothing was written.*object-storage-limits"):
+        acc.save_state(f"{url}/refused")
+    assert not fs.exists(f"{url}/refused")
+    with pytest.raises(CheckpointError, match=r"cannot read from a store.*object-storage-limits"):
+        acc.load_state(f"{url}/sharded")
+    monkeypatch.setattr(type(acc._backend), "sharded_to_store", True)
+    acc.load_state(f"{url}/sharded")

@@ -147,6 +147,8 @@ def test_the_server_and_client_on_loopback():
     (["--num-machines", "3:2", "--max-restarts", "1"], r"needs 1 <= MIN <= MAX; received 3:2.*#launch-machine-range"),
     (["--nnodes", "2:3"], r"--num-machines 2:3 changes the machines at a restart; pass --max-restarts too"),
     (["--nnodes", "2:3", "--max-restarts", "1", "--machine-rank", "3"], r"expected 0 <= --machine-rank < --num-machines"),
+    (["--nnodes", "2", "--max-restarts", "1", "--rendezvous-heartbeat-timeout", "0.5"],
+     r"--rendezvous-heartbeat-timeout must be at least 2 seconds .*received 0.5.*#launch-heartbeat-timeout"),
 ])
 def test_the_launcher_refuses_a_wrong_machine_range_before_starting_anything(tmp_path, flags, match):
     from unified import launch as launch_module
@@ -165,3 +167,40 @@ def test_a_machine_count_is_a_number_or_a_range():
     assert parser.parse_args(["--num-machines", "3", "s.py"]).num_machines == (3, 3)
     with pytest.raises(SystemExit):
         parser.parse_args(["--num-machines", "two", "s.py"])
+
+
+def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_client(tmp_path, monkeypatch):
+    """``--rendezvous-heartbeat-timeout 4``: machine 0's rendezvous counts a machine lost after 4 s
+    of silence, and each launcher gives machine 0 as long (the default is 15 s)."""
+    from unified import launch as launch_module
+    from unified.launch import free_port
+
+    seen = {}
+
+    class FakeServer:
+        def __init__(self, rendezvous, port):
+            seen["heartbeat_timeout"] = rendezvous.heartbeat_timeout
+
+        def start(self):
+            return self
+
+        def close(self):
+            pass
+
+    class FakeClient:
+        def __init__(self, address, machine, patience=None):
+            seen.setdefault("patience", []).append(patience)
+
+        def join(self, *args, **kwargs):
+            raise launch_module.RendezvousLost("recorded")
+
+    monkeypatch.setattr(launch_module, "RendezvousServer", FakeServer)
+    monkeypatch.setattr(launch_module, "RendezvousClient", FakeClient)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    for flags, want in (([], 15.0), (["--rendezvous-heartbeat-timeout", "4"], 4.0)):
+        seen.clear()
+        args = launch_module.build_parser().parse_args(
+            ["--num-machines", "2", "--max-restarts", "1", "--main-process-port", str(free_port()), *flags, str(script)])
+        assert launch_module.launch(args) == 1  # the fake client's lost rendezvous
+        assert seen == {"heartbeat_timeout": want, "patience": [want]}, flags
