@@ -391,23 +391,68 @@ def _killed_project_run() -> Tuple[Accelerator, Any]:
 def shard_killed_mid_save(_: dict) -> dict:
     """checkpoint_0 is committed, then the group hangs inside the next save's sharded write (its
     shard files written, nothing committed) until the parent kills it (``kill_now``). Goes last."""
-    acc, setup = _killed_project_run()
+    return _hang_mid_save(*_killed_project_run(), "killed_expected.npz", "kill_now")
+
+
+def _hang_mid_save(acc: Accelerator, setup: Any, expected: str, kill_file: str) -> dict:
     _train(setup, acc, 1)
     acc.save_state()
     params, optimizer = setup.full_params(), setup.full_optimizer()
-    _write_expected(acc, _shared("killed_expected.npz"), params, optimizer, {}, False)
+    _write_expected(acc, _shared(expected), params, optimizer, {}, False)
     real = acc._backend.save_sharded
 
     def write_then_hang(directory, arrays):
         real(directory, arrays)
         if acc.is_main_process:
-            open(_shared("kill_now"), "w").close()
+            open(_shared(kill_file), "w").close()
         time.sleep(600)
 
     acc._backend.save_sharded = write_then_hang
     _train(setup, acc, 1, first=1)
     acc.save_state()
     return {"never": "reached"}
+
+
+def _killed_store_run() -> Tuple[Accelerator, Any]:
+    """The sharded run of the store's kill scenarios: automatic naming under the store's
+    ``killed_project`` (the same ``UNIFIED_RUN_ID`` in both groups: a restart takes its lease over)."""
+    return _start(project_config=unified.ProjectConfiguration(f"{_store_root()}/killed_project",
+                                                              automatic_checkpoint_naming=True))
+
+
+@scenario(processes=(2,), **NEEDS)
+def shard_store_killed_mid_save(_: dict) -> dict:
+    """`shard_killed_mid_save` on the object store (``UNIFIED_TEST_STORE``; none: nothing runs):
+    checkpoint_0 committed there, then the group hangs after every process uploaded its shard
+    objects of the next save (no manifest) until the parent kills it (``store_kill_now``)."""
+    if _store_root() is None:
+        return {"ran": False}
+    return _hang_mid_save(*_killed_store_run(), "store_killed_expected.npz", "store_kill_now")
+
+
+@scenario(**NEEDS)
+def shard_store_resume_after_kill(_: dict) -> dict:
+    """After that kill, the job restarted (on any number of processes): ``load_state()`` loads
+    checkpoint_0 exactly (the killed save's objects, without a manifest, are no checkpoint), and
+    the next save commits and removes them."""
+    from unified.checkpoint.store import ObjectStore
+
+    if _store_root() is None or not os.path.exists(_shared("store_killed_expected.npz")):
+        return {"ran": False}
+    acc, setup = _killed_store_run()
+    folder = f"{_store_root()}/killed_project/checkpoints"
+    store = ObjectStore(folder)
+    before = sorted(store._names(folder))
+    loaded = acc.load_state()
+    expected = _expected(_shared("store_killed_expected.npz"))
+    out = {"ran": True, "before": before, "loaded": loaded.rstrip("/").rsplit("/", 1)[1],
+           "params_equal": _equal(setup.full_params(), expected["p"]),
+           "optimizer_equal": _equal(setup.full_optimizer(), expected["o"])}
+    saved = acc.save_state()
+    out["saved"] = saved.rstrip("/").rsplit("/", 1)[1]
+    out["after"] = sorted(store._names(folder))
+    out["committed"] = [name for name in out["after"] if store.has_manifest(f"{folder}/{name}")]
+    return out
 
 
 @scenario(processes=(2,), **NEEDS)

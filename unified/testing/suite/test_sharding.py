@@ -5,7 +5,8 @@ each process writing only its own shards and no pickle written or loaded, a chec
 N processes loading on M (2 -> 3, 2 -> 1, 3 -> 2), damaged shards refused with nothing restored, a
 consolidated save_model, an async sharded save written in the background that fails on every
 process when one process fails, a save killed mid-write leaving the previous checkpoint, and
-sharded state on an object store (moto's S3 server on loopback, when installed)."""
+sharded state on an object store (moto's S3 server on loopback, when installed), a save there
+killed before its manifest included."""
 from __future__ import annotations
 
 import contextlib
@@ -18,9 +19,10 @@ from ..scenario import missing_requirements
 from ..object_store import missing_store_packages, s3_server
 from ..sharding_scenarios import (OPTIMIZER_FIRST, shard_async_save, shard_damaged, shard_killed_mid_save,
                                   shard_load_from_2, shard_load_from_3, shard_mixed_precision_and_accumulation,
-                                  shard_resume_after_kill, shard_store_load_from_2, shard_store_round_trip,
-                                  shard_train_and_save)
+                                  shard_resume_after_kill, shard_store_killed_mid_save, shard_store_load_from_2,
+                                  shard_store_resume_after_kill, shard_store_round_trip, shard_train_and_save)
 from ..storage_scenarios import STORE_VARIABLE
+from ...environment import RUN_VARIABLE
 
 pytestmark = pytest.mark.multiprocess
 DEADLINE = 300.0
@@ -28,9 +30,11 @@ DEADLINE = 300.0
 
 @pytest.fixture(scope="module")
 def runs(backend, tmp_path_factory):
-    """Four groups. ``first`` (2): train and save, bf16 and accumulation, async saves, then a save
-    killed mid-write (the parent kills the group). ``three`` (3, preparing the optimizer first):
-    train and save, load 2 -> 3, damaged copies of the 2-process checkpoint. ``one``: load 2 -> 1.
+    """Four groups (five with an object store). ``first`` (2): train and save, bf16 and
+    accumulation, async saves, then a save killed mid-write (the parent kills the group); with a
+    store, a second group of 2 whose save to the store is killed the same way. ``three`` (3,
+    preparing the optimizer first): train and save, load 2 -> 3, damaged copies of the 2-process
+    checkpoint, the store's killed job restarted. ``one``: load 2 -> 1.
     ``back`` (2): resume after the kill, load 3 -> 2, damaged copies again (each process reading
     its own files whole)."""
     lacking = missing_requirements(backend, [shard_train_and_save])
@@ -43,7 +47,12 @@ def runs(backend, tmp_path_factory):
                                        shard_store_round_trip, shard_killed_mid_save], shared, deadline=DEADLINE,
                           kill_when=shared / "kill_now", kill_delay=0.2, extra_env=store)
         first.scenario(shard_train_and_save)  # the later groups load its checkpoints: its logs if it failed
-        three = run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged, shard_store_load_from_2],
+        if store:  # a sharded save to the store killed before its manifest; the job restarted as ``three``
+            store[RUN_VARIABLE] = f"sharded-store-kill-{backend}"  # the restart takes the killed run's lease over
+            run_group(backend, 2, [shard_store_killed_mid_save], shared, deadline=DEADLINE,
+                      kill_when=shared / "store_kill_now", kill_delay=0.2, extra_env=store)
+        three = run_group(backend, 3, [shard_train_and_save, shard_load_from_2, shard_damaged, shard_store_load_from_2,
+                                       shard_store_resume_after_kill],
                           shared, deadline=DEADLINE, extra_env={OPTIMIZER_FIRST: "1", **store}).ok()
     one = run_group(backend, 1, [shard_load_from_2], shared, deadline=DEADLINE).ok()
     back = run_group(backend, 2, [shard_resume_after_kill, shard_load_from_3, shard_damaged], shared,
@@ -210,6 +219,18 @@ def test_a_sharded_checkpoint_on_a_store_loads_on_another_number_of_processes(ru
         assert r["unpickled"] == []
         assert r["next_step"] < 1e-6 and r["finite"]
         _assert_refused(r["damaged"])  # read in slices by some processes, hashed after the read
+
+
+def test_a_sharded_save_to_a_store_killed_before_its_manifest_is_no_checkpoint_and_the_next_save_removes_it(runs):
+    rows = runs.three.scenario(shard_store_resume_after_kill)
+    if not rows[0]["ran"]:
+        pytest.skip("no object store, or the backend saves sharded state to folders")
+    for r in rows:  # the restarted job, on 3 processes
+        assert "checkpoint_1" in r["before"], r  # the killed save had uploaded objects...
+        assert r["loaded"] == "checkpoint_0", r  # ...but without its manifest it is no checkpoint
+        assert r["params_equal"] and r["optimizer_equal"], r
+    main = rows[0]
+    assert main["saved"] in main["committed"] and main["after"] == main["committed"], main  # nothing uncommitted left
 
 
 def _assert_refused(damaged):
