@@ -20,6 +20,7 @@ with 0.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -60,6 +61,8 @@ SERVICE_LINGER_SECONDS = 10.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # The exit code when our output's reader went away: a shell reports a process killed by SIGPIPE so.
 OUTPUT_CLOSED_CODE = 128 + signal.SIGPIPE
+# --max-restarts: the next attempt's spares start this long after an attempt (its own start-up first)
+SPARE_DELAY_S = 3.0
 # Workers write into pipes, whose lines we copy: tqdm bars (plain tqdm too, through its own
 # variables) refresh at most every PROGRESS_INTERVAL seconds instead of every 0.1 s. A variable
 # already set in our environment wins.
@@ -125,6 +128,68 @@ class Worker:
     # started through `unified.parent_watch`, and its exit code only summarises theirs
     agent: bool = False
     process_index: Optional[int] = None  # the group index of a worker started directly
+    # (spare command, request): a program that can be started before this worker's arguments are
+    # known and then told them in one JSON line on its stdin, ``{"args": request, "env": env}``
+    # (`Spares`: the next attempt's torchrun, with torch imported while this attempt runs)
+    spare: Optional[Tuple[List[str], List[str]]] = None
+
+
+class Spares:
+    """Processes started ahead for the next attempt of `launch --max-restarts` (a `Worker`'s
+    ``spare`` command): by the time a restart needs them, their slow start (torchrun importing
+    torch, about 1 s) is done. `ProcessGroup.start` takes one for a worker with the same spare
+    command, hands it the worker's request and environment, and copies its output; a worker with
+    none is started as usual. Unused ones are killed by `close`.
+
+    Example:
+        >>> spares = Spares()
+        >>> spares.prepare([worker], delay=2.0)   # while the attempt runs
+        >>> spare = spares.take(worker.spare[0])  # at the restart: a started Popen, or None
+        >>> spares.close()
+    """
+
+    def __init__(self) -> None:
+        self._ready: Dict[Tuple[str, ...], subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self._timers: List[threading.Timer] = []
+        self._closed = False
+
+    def prepare(self, workers: Sequence[Worker], delay: float) -> None:
+        """Start a spare for each worker that has a spare command, after ``delay`` seconds (the
+        attempt's own start-up goes first)."""
+        commands = [tuple(w.spare[0]) for w in workers if w.spare is not None]
+        if not commands:
+            return
+
+        def start() -> None:
+            for command in commands:
+                with self._lock:
+                    if self._closed or command in self._ready and self._ready[command].poll() is None:
+                        continue
+                    self._ready[command] = subprocess.Popen(
+                        watched(list(command)), env={**os.environ, PARENT_VARIABLE: str(os.getpid())},
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+        timer = threading.Timer(delay, start)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def take(self, command: Sequence[str]) -> Optional[subprocess.Popen]:
+        with self._lock:
+            spare = self._ready.pop(tuple(command), None)
+        return spare if spare is not None and spare.poll() is None else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            left, self._ready = list(self._ready.values()), {}
+        for timer in self._timers:
+            timer.cancel()
+        for spare in left:
+            if spare.poll() is None:
+                _signal_groups({spare.pid}, signal.SIGKILL)
+            spare.wait()
 
 
 def _machine_range(value: str) -> Tuple[int, int]:
@@ -402,9 +467,9 @@ class ProcessGroup:
 
     def __init__(self, workers: Sequence[Worker], *, output: Optional["_Output"] = None,
                  logs: Optional[Sequence[str]] = None, status_dir: Optional[str] = None,
-                 cwd: Optional[str] = None) -> None:
+                 cwd: Optional[str] = None, spares: Optional[Spares] = None) -> None:
         assert (output is None) != (logs is None), "a group's output goes either to our stdout or to files"
-        self.workers, self.output, self.logs = list(workers), output, logs
+        self.workers, self.output, self.logs, self.spares = list(workers), output, logs, spares
         self.status_dir, self.cwd = status_dir, cwd
         self.procs: List[subprocess.Popen] = []
         self.pumps: List[threading.Thread] = []
@@ -415,7 +480,13 @@ class ProcessGroup:
             env = {**worker.env, PARENT_VARIABLE: str(os.getpid())}
             if self.status_dir is not None and not worker.service:
                 env[STATUS_DIR_VARIABLE] = self.status_dir
-            if self.logs is not None:
+            spare = self.spares.take(worker.spare[0]) if self.spares and worker.spare and self.logs is None else None
+            if spare is not None and self._hand_over(spare, worker, env):
+                proc = spare
+                pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, self.output), daemon=True)
+                pump.start()
+                self.pumps.append(pump)
+            elif self.logs is not None:
                 with open(self.logs[i], "wb") as log:  # the child keeps its own descriptor
                     proc = subprocess.Popen(watched(worker.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
@@ -429,6 +500,18 @@ class ProcessGroup:
             self.procs.append(proc)
             self.exit_times.append(None)
         return self
+
+    def _hand_over(self, spare: subprocess.Popen, worker: Worker, env: Dict[str, str]) -> bool:
+        """Tell a spare what to run (False, and the spare killed, when it cannot be told)."""
+        assert worker.spare is not None and spare.stdin is not None
+        try:
+            spare.stdin.write((json.dumps({"args": worker.spare[1], "env": env}) + "\n").encode())
+            spare.stdin.close()
+            return True
+        except OSError:  # it ended meanwhile
+            _signal_groups({spare.pid}, signal.SIGKILL)
+            spare.wait()
+            return False
 
     def poll(self) -> List[Optional[int]]:
         """Every child's exit code (``None``: running), noting when each was first seen ended."""
@@ -511,11 +594,13 @@ RESTARTABLE = (FAILED, BROKE, ENDED_ELSEWHERE)
 def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
                       grace_period: float = GRACE_PERIOD_SECONDS, process_indices: Sequence[int] = (),
                       preemption_signals: Sequence[int] = PREEMPTION_SIGNALS,
-                      remote_stop: Optional[Callable[[], Optional[str]]] = None) -> Tuple[int, str]:
+                      remote_stop: Optional[Callable[[], Optional[str]]] = None,
+                      spares: Optional[Spares] = None) -> Tuple[int, str]:
     """`run_group`, and what ended the group: one of `FINISHED`, `OUTPUT_CLOSED`, `PREEMPTED`,
     `INTERRUPTED`, `FAILED`, `BROKE`, `ENDED_ELSEWHERE`. ``preemption_signals`` are forwarded to
     the workers, who get the grace period; the other handled signals stop them. ``remote_stop``,
-    polled, says why the group must stop now (its attempt ended on another machine), else ``None``."""
+    polled, says why the group must stop now (its attempt ended on another machine), else ``None``.
+    ``spares``: processes started ahead that workers with a spare command take over."""
     output = _Output()
     interrupted: List[int] = []
 
@@ -524,7 +609,7 @@ def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
 
     status_dir = tempfile.mkdtemp(prefix="unified-launch-")
     previous = {s: signal.signal(s, on_signal) for s in dict.fromkeys(STOP_SIGNALS + tuple(preemption_signals))}
-    children = ProcessGroup(workers, output=output, status_dir=status_dir)
+    children = ProcessGroup(workers, output=output, status_dir=status_dir, spares=spares)
     try:
         children.start()
         group = _Group(children.procs, workers, output, interrupted, remote_peers, grace_period, status_dir,
@@ -669,6 +754,18 @@ def launch(args: argparse.Namespace) -> int:
                    preemption_signals=preemption_signals)
     if args.num_machines > 1 and max_restarts:
         return _launch_together(args, backend, launcher, options)
+    spares = Spares() if max_restarts else None
+    try:
+        return _launch_alone(args, backend, launcher, options, max_restarts, spares)
+    finally:
+        if spares is not None:
+            spares.close()
+
+
+def _launch_alone(args: argparse.Namespace, backend: str, launcher: Launcher, options: dict, max_restarts: int,
+                  spares: Optional[Spares]) -> int:
+    """One machine (or several without restarts): attempts one after the other, each restart's
+    workers taken from the spares started during the attempt before."""
     attempt = 0
     while True:
         port = args.main_process_port
@@ -680,7 +777,7 @@ def launch(args: argparse.Namespace) -> int:
                           port, [args.script, *args.script_args])
         os.environ[RESTART_VARIABLE] = str(attempt)  # the workers inherit it: accelerator.restart_count
         started = time.monotonic()
-        code, outcome = _run_plan(plan, launcher, options)
+        code, outcome = _run_plan(plan, launcher, options, spares=spares, prepare_next=attempt < max_restarts)
         if outcome not in RESTARTABLE or not max_restarts:
             return code
         took = time.monotonic() - started
@@ -694,10 +791,16 @@ def launch(args: argparse.Namespace) -> int:
 
 
 def _run_plan(plan: LaunchPlan, launcher: Launcher, options: dict,
-              remote_stop: Optional[Callable[[], Optional[str]]] = None) -> Tuple[int, str]:
+              remote_stop: Optional[Callable[[], Optional[str]]] = None,
+              spares: Optional[Spares] = None, prepare_next: bool = False) -> Tuple[int, str]:
+    """Run one attempt; with ``spares``, its workers may take spares started during the attempt
+    before, and (``prepare_next``) spares for the next attempt start `SPARE_DELAY_S` after this one."""
     indices = [process.process_index for process in plan.processes(hosted=False)]
-    return run_group_outcome(launcher.workers(plan), remote_peers=plan.num_machines > 1, process_indices=indices,
-                             remote_stop=remote_stop, **options)
+    workers = launcher.workers(plan)
+    if spares is not None and prepare_next:
+        spares.prepare(workers, delay=SPARE_DELAY_S)
+    return run_group_outcome(workers, remote_peers=plan.num_machines > 1, process_indices=indices,
+                             remote_stop=remote_stop, spares=spares, **options)
 
 
 def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher, options: dict) -> int:

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 from unified.environment import ProcessEnvironment
 from unified.launch import Launcher, LaunchPlan, Worker
-from unified.parent_watch import watched
+from unified.parent_watch import PARENT_VARIABLE, watched
 
 
 class TorchrunLauncher(Launcher):
@@ -54,7 +54,34 @@ class TorchrunLauncher(Launcher):
             # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
             return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
 
-        return [Worker(argv, plan.base_env(), label, agent=True)]
+        # --max-restarts: the next attempt's torchrun is started ahead as this module (`serve_as_spare`)
+        spare = ([sys.executable, "-m", "backends.torch.launch"], argv[3:])
+        return [Worker(argv, plan.base_env(), label, agent=True, spare=spare)]
 
 
 LAUNCHER = TorchrunLauncher()
+
+
+def serve_as_spare() -> None:
+    """torchrun started before its arguments are known (`unified.launch.Spares`): import torch
+    (the slow part of torchrun's start, about 1 s) now, then read ``{"args", "env"}`` from stdin
+    and run torchrun with them in this process. End quietly when stdin closes first (the spare
+    was not needed)."""
+    import json
+    import os
+
+    import torch.distributed.run as torchrun
+
+    line = sys.stdin.readline()
+    if not line:
+        return
+    order = json.loads(line)
+    own_pid = str(os.getpid())
+    os.environ.clear()
+    os.environ.update(order["env"])
+    os.environ[PARENT_VARIABLE] = own_pid  # the workers' wrapper expects this process as their parent
+    torchrun.main(order["args"])
+
+
+if __name__ == "__main__":
+    serve_as_spare()
