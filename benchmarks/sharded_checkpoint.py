@@ -107,7 +107,6 @@ RAW = {"torch": ("dcp", "dcp_safetensors"), "jax": ("orbax",)}
 STORE_GOAL = 1.3  # issue 29: on a store, ours within 1.3x the raw transfer...
 STORE_RAW = {"torch": ("raw",), "jax": ("raw",)}
 STORE_PEERS = ("dcp_fsspec",)  # ...and ahead of these
-PART_BYTES = 32 << 20  # the raw contender's multipart upload parts (as ours)
 
 
 def _join(base: str, name: str) -> str:
@@ -119,14 +118,9 @@ def _remove(path: str) -> None:
     if "://" not in path:
         _clean(path)
         return
-    import fsspec
+    from store_checkpoint import _delete
 
-    fs = fsspec.filesystem(path.split("://", 1)[0])
-    try:
-        fs.rm(path, recursive=True)
-    except FileNotFoundError:
-        pass
-    fs.invalidate_cache()
+    _delete(path)
 
 
 def _stored_bytes(path: str) -> Dict[str, int]:
@@ -143,29 +137,20 @@ def _stored_bytes(path: str) -> Dict[str, int]:
 
 def raw_store_contender(rank: int, arrays: Callable[[], List[Any]]) -> "Contender":
     """The limit on a store: this process's own shards' bytes (``arrays()``: NumPy views) streamed
-    to one object with s3fs, read back into a warm buffer of the object's size."""
-    import fsspec
+    to one object with s3fs, read back into a warm buffer of the object's size (the upload and
+    download of benchmarks/store_checkpoint.py's raw limit)."""
+    from store_checkpoint import _store, download_raw, upload_raw
 
     buffer = bytearray()
 
     def save(path: str) -> None:
-        fs = fsspec.filesystem(path.split("://", 1)[0])
-        with fs.open(f"{path}/raw-{rank}.bin", "wb", block_size=PART_BYTES) as handle:
-            for array in arrays():
-                handle.write(memoryview(array).cast("B"))
+        upload_raw(_store(), f"{path}/raw-{rank}.bin", arrays())
 
     def load(path: str) -> None:
         nonlocal buffer
-        fs = fsspec.filesystem(path.split("://", 1)[0])
-        url = f"{path}/raw-{rank}.bin"
+        fs = _store()
         fs.invalidate_cache()
-        size = fs.size(url)
-        if len(buffer) != size:
-            buffer = bytearray(size)
-        view, got = memoryview(buffer), 0
-        with fs.open(url, "rb", block_size=PART_BYTES, cache_type="none") as handle:
-            while got < size:
-                got += handle.readinto(view[got:got + PART_BYTES])
+        buffer = download_raw(fs, f"{path}/raw-{rank}.bin", buffer)
 
     return Contender(save, load, restores=False)
 

@@ -121,6 +121,26 @@ def _two_downloads(run: Callable[[str, bool], Dict[str, float]]) -> Callable[[st
     return _with_variable(run, "UNIFIED_STORE_LOAD_COPY", "0")
 
 
+def upload_raw(fs: Any, url: str, arrays: List[Any]) -> None:
+    """The raw limit's upload: ``arrays``' bytes streamed to one object (multipart, `PART_BYTES`)."""
+    with fs.open(url, "wb", block_size=PART_BYTES) as handle:
+        for array in arrays:
+            handle.write(memoryview(array).cast("B"))
+
+
+def download_raw(fs: Any, url: str, buffer: bytearray) -> bytearray:
+    """The raw limit's download: the object read into ``buffer`` (warm, reused when it has the
+    object's size, else a new one), which is returned."""
+    size = fs.size(url)
+    if len(buffer) != size:
+        buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    with fs.open(url, "rb", block_size=PART_BYTES, cache_type="none") as handle:
+        while got < size:
+            got += handle.readinto(view[got:got + PART_BYTES])
+    return buffer
+
+
 def _raw(files: Callable[[], Dict[str, List[Any]]]) -> Callable[[str, bool], Dict[str, float]]:
     """The limit: each object's arrays streamed to one object with the same client, then read
     back into warm buffers."""
@@ -131,19 +151,11 @@ def _raw(files: Callable[[], Dict[str, List[Any]]]) -> Callable[[str, bool], Dic
 
         def save() -> None:
             for name, arrays in views.items():
-                with fs.open(f"{url}/{name}", "wb", block_size=PART_BYTES) as handle:
-                    for array in arrays:
-                        handle.write(memoryview(array).cast("B"))
+                upload_raw(fs, f"{url}/{name}", arrays)
 
         def load() -> None:
             for name in views:
-                size = fs.size(f"{url}/{name}")
-                if len(buffers.get(name, b"")) != size:
-                    buffers[name] = bytearray(size)
-                view, got = memoryview(buffers[name]), 0
-                with fs.open(f"{url}/{name}", "rb", block_size=PART_BYTES, cache_type="none") as handle:
-                    while got < size:
-                        got += handle.readinto(view[got:got + PART_BYTES])
+                buffers[name] = download_raw(fs, f"{url}/{name}", buffers.get(name, bytearray()))
 
         return _round_trip(save, load, lambda: None, lambda: None, memory)
 

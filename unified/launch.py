@@ -483,9 +483,6 @@ class ProcessGroup:
             spare = self.spares.take(worker.spare[0]) if self.spares and worker.spare and self.logs is None else None
             if spare is not None and self._hand_over(spare, worker, env):
                 proc = spare
-                pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, self.output), daemon=True)
-                pump.start()
-                self.pumps.append(pump)
             elif self.logs is not None:
                 with open(self.logs[i], "wb") as log:  # the child keeps its own descriptor
                     proc = subprocess.Popen(watched(worker.argv), env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -494,6 +491,7 @@ class ProcessGroup:
                 proc = subprocess.Popen(watched(worker.argv), env=env, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, cwd=self.cwd)
+            if self.logs is None:
                 pump = threading.Thread(target=_pump, args=(proc.stdout, worker.label, self.output), daemon=True)
                 pump.start()
                 self.pumps.append(pump)

@@ -101,20 +101,27 @@ class JaxSharding(ShardedTraining, ShardedArrays):
 
     def save_sharded(self, directory: str, arrays: Mapping[str, Any]) -> Optional[FileHashes]:
         """Every process writes its own shards: Orbax in a folder (the JAX way for multi-host
-        state), one safetensors file per process on an object store."""
+        state), one safetensors file per process on an object store (streamed from the arrays
+        themselves: nothing changes them before this returns)."""
+        if is_url(directory):
+            return self._store_write(directory, arrays, copy=False).result()
         return self.begin_sharded_save(directory, arrays).result()
+
+    def _store_write(self, directory: str, arrays: Mapping[str, Any], copy: bool) -> ShardedWrite:
+        """The write of this process's pieces to a store (host copies of them first with ``copy``)."""
+        from .storage import own_pieces, write_shards
+
+        pieces, info = own_pieces(arrays, copy=copy)
+        process = self.process_index
+        return ShardedWrite(lambda: write_shards(directory, process, pieces, info))
 
     def begin_sharded_save(self, directory: str, arrays: Mapping[str, Any]) -> ShardedWrite:
         """The blocking part here (host copies of this process's shards; for Orbax also its
         folders and barriers); the returned write does the writes (for Orbax then the commit of
         process 0, ordered by barriers of the coordination service under keys of their own,
         never a device collective), bounded by the group's timeout."""
-        if is_url(directory):
-            from .storage import own_pieces, write_shards
-
-            pieces, info = own_pieces(arrays, copy=True)
-            process = self.process_index
-            return ShardedWrite(lambda: write_shards(directory, process, pieces, info))
+        if is_url(directory):  # the training goes on while the background uploads: host copies
+            return self._store_write(directory, arrays, copy=True)
         import orbax.checkpoint as ocp
 
         from .storage import uncompressed_pytree_handler

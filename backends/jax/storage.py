@@ -247,20 +247,19 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
             mine.setdefault(bounds, []).append((device, np.empty([b - a for a, b in bounds], dtype)))
     filled = {(key, bounds): 0 for key, mine in regions.items() for bounds in mine}
     hashed: FileHashes = {}
-    by_file: Dict[str, List[Tuple[str, _Piece]]] = {}
-    for key in regions:
-        for piece in pieces[key]:
+    by_file: Dict[str, List[Tuple[str, _Piece]]] = {}  # every entry of each file
+    for key, saved in pieces.items():
+        for piece in saved:
             by_file.setdefault(piece.path, []).append((key, piece))
     for path, held in by_file.items():
-        whole = {piece.entry: regions[key].get(_extent(piece)) for key, piece in held}
-        if len(whole) == len(held) and all(whole.values()) and \
-                set(whole) == set(_entries_of(pieces, path)):  # every entry of the file is one of our regions
+        whole = {piece.entry: regions.get(key, {}).get(_extent(piece)) for key, piece in held}
+        if all(whole.values()):  # every entry of the file is one of this process's regions
             hashed[os.path.basename(path)] = _read_whole(files, path, sizes[path], whole)
             for key, piece in held:
                 filled[(key, _extent(piece))] += math.prod(piece.shape)
             continue
         for key, piece in held:  # slices: the saved piece fetched once, its overlaps copied out
-            meets = [(bounds, buffers, meet) for bounds, buffers in regions[key].items()
+            meets = [(bounds, buffers, meet) for bounds, buffers in regions.get(key, {}).items()
                      for meet in [_overlap(piece, bounds)] if meet is not None]
             if not meets:
                 continue
@@ -285,10 +284,6 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
 def _extent(piece: _Piece) -> Tuple[Tuple[int, int], ...]:
     """The region of its array that ``piece`` holds, as `_bounds` gives a device's."""
     return tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape))
-
-
-def _entries_of(pieces: Mapping[str, List[_Piece]], path: str) -> List[str]:
-    return [piece.entry for saved in pieces.values() for piece in saved if piece.path == path]
 
 
 def _read_whole(files: _Files, path: str, size: int,

@@ -30,8 +30,7 @@ class TorchrunLauncher(Launcher):
         return [sys.executable, "-m", "backends.torch.coordinator", address, str(num_processes)]
 
     def workers(self, plan: LaunchPlan) -> List[Worker]:
-        argv = [
-            sys.executable, "-m", "torch.distributed.run",
+        args = [
             "--nproc-per-node", str(plan.num_processes),
             "--nnodes", str(plan.num_machines),
             "--node-rank", str(plan.machine_rank),
@@ -42,6 +41,7 @@ class TorchrunLauncher(Launcher):
             # dies with torchrun (torchrun adds "python -u" itself without --no-python)
             "--no-python", *watched([sys.executable, "-u", *plan.command]),
         ]
+        argv = [sys.executable, "-m", "torch.distributed.run", *args]
         offset = plan.first_index
         tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
         # torchrun's failure summary names the first argument of the worker command, the wrapper
@@ -55,7 +55,7 @@ class TorchrunLauncher(Launcher):
             return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
 
         # --max-restarts: the next attempt's torchrun is started ahead as this module (`serve_as_spare`)
-        spare = ([sys.executable, "-m", "backends.torch.launch"], argv[3:])
+        spare = ([sys.executable, "-m", "backends.torch.launch"], args)
         return [Worker(argv, plan.base_env(), label, agent=True, spare=spare)]
 
 
