@@ -25,7 +25,9 @@ no network. Sized to finish in under 8 minutes on one GPU with the defaults.
      ``StandardCheckpointer`` save + restore onto the device (JAX).
 
    Each load is checked (a parameter changed after the save must come back). Peak device
-   memory beyond the state, and peak host RSS, of one more untimed save + load each.
+   memory beyond the state, and peak host RSS, of one more untimed save + load each (torch);
+   JAX: of one more untimed load, device memory sampled every 0.5 ms, beside the same load with
+   every array read into fresh memory first (the way before issue 29).
 
 The table is printed last (``--doc PATH`` also writes it as markdown). Without a CUDA device it
 prints one line saying so and exits 0. ``--allow-cpu`` runs part 2 on CPU (tiny sizes), to
@@ -41,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -50,6 +53,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from mdtable import spread, table  # noqa: E402
 from memory import PeakMemory  # noqa: E402
+from unified.environment import IN_PLACE_VARIABLE  # noqa: E402
 
 TEST_TIMEOUT_S = 240
 PART_TIMEOUT_S = 300
@@ -219,7 +223,6 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     hidden = args.hidden
     layers = max(1, int(args.gb * 1e9 / (4 * hidden * hidden)))
-    gpu = jax.devices()[0].platform == "gpu"
 
     def block(tree: Any) -> Any:
         return jax.block_until_ready(tree)
@@ -278,20 +281,59 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     contenders = {"raw copy + write + fsync": raw_round, "unified": ours_round,
                   f"orbax {ocp.__version__ if hasattr(ocp, '__version__') else ''}".strip(): orbax_round}
     times = _rounds(contenders, args.dir, args.repeats)
+    # Peaks of a load alone (sampled: XLA's peak_bytes_in_use cannot be reset), ours beside ours
+    # with every array read into fresh memory and replaced at the end (before issue 29).
     memory = {}
-    for name, one in (("unified", ours_round), ("raw copy + write + fsync", raw_round)):
-        stats = jax.devices()[0].memory_stats() if gpu else None
-        in_use = stats.get("bytes_in_use", 0) if stats else 0
-        with PeakMemory(trim=True, anonymous=False) as host:
-            one(os.path.join(args.dir, "memory"))
-        shutil.rmtree(os.path.join(args.dir, "memory"), ignore_errors=True)
-        stats = jax.devices()[0].memory_stats() if gpu else None
-        memory[name] = {"device_mb": ((stats.get("peak_bytes_in_use", 0) - in_use) / 1e6) if stats else None,
+    folder = os.path.join(args.dir, "memory")
+    ours.save_state(folder)
+    fresh = {IN_PLACE_VARIABLE: str(1 << 60)}
+    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)", fresh)):
+        os.environ.update(extra)
+        try:
+            with DevicePeak(jax.devices()[0]) as device, PeakMemory(trim=True, anonymous=False) as host:
+                mutate_and_check(lambda: ours.load_state(folder))
+        finally:
+            for key in extra:
+                os.environ.pop(key, None)
+        memory[name] = {"device_mb": device.beyond / 1e6 if device.beyond is not None else None,
                         "host_mb": (host.peak - host.before) / 1e6}
+    shutil.rmtree(folder, ignore_errors=True)
     state_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
     ours.end_training()
     return {"part": "jax", "device": str(jax.devices()[0].device_kind), "state_gb": state_bytes / 1e9,
             "versions": {"jax": jax.__version__}, "times": times, "memory": memory, "note": None}
+
+
+class DevicePeak:
+    """The most device memory in use during a block beyond what was in use before it, sampled
+    every 0.5 ms (``beyond``: bytes, or ``None`` where the device reports no memory stats)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device, self.beyond = device, None
+        self._stop = threading.Event()
+
+    def _in_use(self) -> Optional[int]:
+        stats = self.device.memory_stats()
+        return stats.get("bytes_in_use") if stats else None
+
+    def __enter__(self) -> "DevicePeak":
+        self._before = self._in_use()
+        self._peak = self._before
+        if self._before is not None:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.0005):
+            self._peak = max(self._peak, self._in_use() or 0)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._before is not None:
+            self._thread.join()
+            self._peak = max(self._peak, self._in_use() or 0)
+            self.beyond = self._peak - self._before
 
 
 # -- report --------------------------------------------------------------------------------------

@@ -515,7 +515,8 @@ class Accelerator(AccelerateSurface):
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
                     lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model",
                     check=lambda state, _saved_processes: backend.check_loadable(kind, prepared, state),
-                    absent_group=lambda name: backend.absent_group(kind, name))
+                    absent_group=lambda name: backend.absent_group(kind, name),
+                    replaceable=lambda: backend.replaceable_arrays(kind, prepared))
         return prepared
 
     def _forget_prepared(self) -> None:
@@ -530,11 +531,12 @@ class Accelerator(AccelerateSurface):
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
                managed: bool = True, strict: bool = False,
                check: Optional[Callable[[Any, int], None]] = None,
-               absent_group: Callable[[str], Optional[str]] = lambda name: None) -> None:
+               absent_group: Callable[[str], Optional[str]] = lambda name: None,
+               replaceable: Callable[[], Any] = lambda: None) -> None:
         index = self._counts.get(kind, 0)
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
-        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check, absent_group))
+        self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check, absent_group, replaceable))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and

@@ -36,6 +36,7 @@ FileHashes = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "xxh3": h
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
     "ShardedArrays", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
+    "Replaceable",
 ]
 
 class Backend(abc.ABC):
@@ -233,6 +234,39 @@ class TrainingObjects(abc.ABC):
     def check_loadable(self, kind: str, obj: Any, state: Any) -> None:
         """Raise `ValueError` when ``obj`` cannot take ``state`` (decoded from a checkpoint);
         called for every object before any is restored, so a refusal changes nothing."""
+
+    def replaceable_arrays(self, kind: str, obj: Any) -> Any:
+        """A tree like ``state_of(kind, obj)`` whose leaves are `Replaceable` handles (or ``None``)
+        for the arrays a load may replace one at a time, or ``None`` (the default). A framework
+        whose arrays cannot be written in place (`Backend.writable_host_bytes` is ``None``, as
+        JAX's) gives them, so that a load holds one array beyond the live state at a time
+        instead of a second copy of the whole state.
+
+        Example:
+            >>> backend.replaceable_arrays("model", model)     # JAX
+            {'kernel': <Replaceable>, 'bias': <Replaceable>}
+        """
+        return None
+
+
+class Replaceable(abc.ABC):
+    """One array of a prepared object, which a load replaces by a new one made from the
+    checkpoint's bytes (see `TrainingObjects.replaceable_arrays`).
+
+    Example:
+        >>> handle.replace(host_bytes_of_the_same_dtype_and_shape)
+        >>> handle.current()                                # the new array
+    """
+
+    @abc.abstractmethod
+    def current(self) -> Any:
+        """The array the object holds now."""
+
+    @abc.abstractmethod
+    def replace(self, host: Any) -> None:
+        """Put a new array made from ``host`` (a NumPy array of `current`'s saved dtype and shape)
+        into the object in place of the current one, placed like it. ``host``'s memory is reused
+        for the next array once this returns: the new array must hold its own copy by then."""
 
 
 class Autograd(abc.ABC):

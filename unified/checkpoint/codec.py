@@ -76,7 +76,13 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
             "lists, tuples and dicts (convert this value, or drop it and rebuild it in load_state_dict())."
         )
 
-    return walk(tree, prefix, 0), arrays
+    try:
+        return walk(tree, prefix, 0), arrays
+    finally:
+        # `walk` calls itself through its closure: that cycle would keep ``arrays`` (the state's
+        # arrays) alive until the garbage collector runs, and a load could not free the arrays
+        # it replaces one at a time (`TrainingObjects.replaceable_arrays`).
+        walk = None  # noqa: F841
 
 
 def _invalid_structure(detail: str) -> CheckpointError:
@@ -167,4 +173,7 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
             return {key(k, depth + 3): walk(v, depth + 3) for k, v in _items(node, "__dict__", 2)}
         return {k: walk(v, depth + 1) for k, v in node.items()}
 
-    return walk(structure, 0)
+    try:
+        return walk(structure, 0)
+    finally:
+        walk = None  # noqa: F841 - the same cycle as in `encode`: it would keep ``arrays`` alive

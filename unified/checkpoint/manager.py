@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optiona
 
 import numpy as np
 
-from ..backend import Backend, ShardedArrays, ShardedWrite, WriteGuards
+from ..backend import Backend, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
 from ..environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..errors import CheckpointError, failure_reason, see
@@ -132,6 +132,9 @@ class Entry:
     # For an array of this object's state (its name without the object's prefix): the group it
     # belongs to when a checkpoint may lack the group whole (see `TrainingObjects.absent_group`).
     absent_group: Callable[[str], Optional[str]] = lambda name: None
+    # A tree like get_state()'s whose leaves are `Replaceable` handles of the arrays a load may
+    # replace one at a time (`TrainingObjects.replaceable_arrays`), or None.
+    replaceable: Callable[[], Any] = lambda: None
 
 
 @dataclass
@@ -170,6 +173,17 @@ def in_place_min_bytes() -> int:
 
 
 @dataclass
+class Place:
+    """Where a load's second pass puts one large array of a live object (`CheckpointManager._places`):
+    ``into`` is the array's own writable bytes (torch: read in place) or a callable that replaces
+    the object's array by a new one made from the bytes (`Replaceable.replace`: JAX); ``current()``
+    is the array the object holds (after the load: the restored one)."""
+
+    into: Any
+    current: Callable[[], Any]
+
+
+@dataclass
 class InPlace:
     """A file of a load that is verified first and read into the live arrays once every check
     passed (`CheckpointManager._read_in_place`): where it is, what the first pass saw."""
@@ -179,7 +193,7 @@ class InPlace:
     checksum: str
     identity: Any  # for `Location.changed` before the second pass
     described: Dict[str, Tuple[str, Tuple[int, ...]]]
-    places: Dict[str, Tuple[np.ndarray, Any]]  # array name -> (writable bytes, live array)
+    places: Dict[str, Place]  # array name -> where the second pass puts it
     copy: Optional[str] = None  # a store's file: its verified local copy, which the second pass reads
 
     def placeholders(self) -> Dict[str, np.ndarray]:
@@ -1059,18 +1073,25 @@ class CheckpointManager:
         path, info = self._listed(directory, manifest, name)
         return location_of(directory).read(path, info["size"], info["xxh3"])
 
-    def _places(self, live: Dict[str, Any]) -> Dict[str, Tuple[np.ndarray, Any]]:
-        """``{array name: (writable bytes, live array)}`` of an entry's ``live`` arrays that a
-        load reads straight into (`Backend.writable_host_bytes`, at least `IN_PLACE_MIN_BYTES`)."""
+    def _places(self, entry: Entry, live: Dict[str, Any]) -> Dict[str, Place]:
+        """Where a load puts the large arrays (at least `IN_PLACE_MIN_BYTES`) of an entry's
+        ``live`` arrays: straight into their memory (`Backend.writable_host_bytes`), else
+        replaced one at a time (`Entry.replaceable`); the others are read into fresh memory."""
         places, least = {}, in_place_min_bytes()
+        tree = entry.replaceable()
+        handles = {} if tree is None else codec.encode(tree, lambda x: isinstance(x, Replaceable), entry.name)[1]
         for name, value in live.items():
-            raw = None if isinstance(value, np.ndarray) else self.backend.writable_host_bytes(value)
-            if raw is not None and raw.nbytes >= least:
-                places[name] = (raw, value)
+            if isinstance(value, np.ndarray) or int(getattr(value, "nbytes", 0)) < least:
+                continue
+            raw = self.backend.writable_host_bytes(value)
+            if raw is not None:
+                places[name] = Place(raw, lambda value=value: value)
+            elif isinstance(handles.get(name), Replaceable):
+                places[name] = Place(handles[name].replace, handles[name].current)
         return places
 
     def _verify_for_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
-                            places: Dict[str, Tuple[np.ndarray, Any]]) -> "InPlace":
+                            places: Dict[str, Place]) -> "InPlace":
         """The first of a load's two passes over a file read into place: every byte hashed in a
         bounded buffer and compared, and the header described, before any object is restored."""
         path, info = self._listed(directory, manifest, f"{entry.name}.safetensors")
@@ -1082,7 +1103,7 @@ class CheckpointManager:
         # only into arrays of the saved dtype and shape (a user object's own load_state_dict decides
         # about the others, from fresh memory, as before)
         places = {key: place for key, place in places.items()
-                  if described.get(key) == tuple(self.backend.describe_array(place[1]))}
+                  if described.get(key) == tuple(self.backend.describe_array(place.current()))}
         return InPlace(path, int(info["size"]), str(info["xxh3"]), identity, described, places, copy)
 
     def _copy_for(self, path: str, size: int) -> Optional[str]:
@@ -1121,7 +1142,7 @@ class CheckpointManager:
         by_name = {entry.name: entry for entry in self.entries}
         for name, placing in later.items():
             try:
-                into = {key: raw for key, (raw, _) in placing.places.items()}
+                into = {key: place.into for key, place in placing.places.items()}
                 if placing.copy is not None:  # the verified copy on the local disk (private: it cannot change)
                     arrays, placed = Folder().read_placed(placing.copy, placing.size, placing.checksum, into)
                 else:
@@ -1132,7 +1153,7 @@ class CheckpointManager:
                                           "another) again before training." + see("changed-while-placed"))
                 break
             states[name] = self._decode(by_name[name], manifest["structures"][name], arrays,
-                                        {key: placing.places[key][1] for key in placed})
+                                        {key: placing.places[key].current() for key in placed})
         self._raise_shared(directory, failure, "load_state (read into place)")
 
     @staticmethod
@@ -1171,7 +1192,7 @@ class CheckpointManager:
                 continue
             where = os.path.join(directory, f"{entry.name}.safetensors")
             live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
-            places = {} if sharded else self._places(live)
+            places = {} if sharded else self._places(entry, live)
             if places:  # verified now, read into the live arrays once everything is checked (`_read_in_place`)
                 later = self._verify_for_placing(directory, manifest, entry, places)
                 self._check_fits(entry, live, later.described, set(), where)
