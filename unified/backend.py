@@ -152,6 +152,11 @@ class Backend(abc.ABC):
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
 
+    # Generators of `rng_state` that a checkpoint may lack: `set_rng_state` handles their absence
+    # itself (torch: the CUDA generator, in a checkpoint saved without a GPU, with a warning).
+    # Any other generator missing from a checkpoint is refused before anything is restored.
+    optional_rng_state: Tuple[str, ...] = ()
+
     def writable_host_bytes(self, value: Any) -> Any:
         """A writable C-contiguous uint8 NumPy view of the memory of ``value``, one of this
         framework's arrays, when it lives in this process's host memory and may be written in
@@ -237,10 +242,10 @@ class TrainingObjects(abc.ABC):
 
     def replaceable_arrays(self, kind: str, obj: Any) -> Any:
         """A tree like ``state_of(kind, obj)`` whose leaves are `Replaceable` handles (or ``None``)
-        for the arrays a load may replace one at a time, or ``None`` (the default). A framework
-        whose arrays cannot be written in place (`Backend.writable_host_bytes` is ``None``, as
-        JAX's) gives them, so that a load holds one array beyond the live state at a time
-        instead of a second copy of the whole state.
+        for the arrays a load may replace one at a time, or ``None`` (the default). For arrays
+        that cannot be written in place through host memory (`Backend.writable_host_bytes` is
+        ``None``: JAX's, torch tensors on a GPU), so that a load holds one array beyond the live
+        state at a time instead of a second copy of the whole state.
 
         Example:
             >>> backend.replaceable_arrays("model", model)     # JAX
@@ -264,9 +269,10 @@ class Replaceable(abc.ABC):
 
     @abc.abstractmethod
     def replace(self, host: Any) -> None:
-        """Put a new array made from ``host`` (a NumPy array of `current`'s saved dtype and shape)
-        into the object in place of the current one, placed like it. ``host``'s memory is reused
-        for the next array once this returns: the new array must hold its own copy by then."""
+        """Make the object hold ``host``'s values (a NumPy array of `current`'s saved dtype and
+        shape) in this array: a new array placed like the current one, put in its place (JAX),
+        or the current one filled (a torch tensor on a GPU). ``host``'s memory is reused for the
+        next array once this returns: whatever is kept must be a copy by then."""
 
 
 class Autograd(abc.ABC):

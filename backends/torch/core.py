@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backends.common import next_instance
-from unified.backend import ArrayCollectives, Autograd, Backend, TrainingObjects, WriteGuards
+from unified.backend import ArrayCollectives, Autograd, Backend, Replaceable, TrainingObjects, WriteGuards
 from unified.checkpoint.safetensors_io import DTYPE_NAMES
 from unified.environment import ProcessEnvironment
 from unified.errors import see
@@ -216,6 +216,8 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)  # seeds every CUDA generator too
 
+    optional_rng_state = ("torch_cuda",)  # saved without a GPU: `set_rng_state` warns
+
     def rng_state(self) -> Dict[str, np.ndarray]:
         """The CPU generator, and the generator of this process's CUDA device (only its own:
         the other devices belong to other processes, and a restart may number them otherwise)."""
@@ -360,6 +362,19 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
                 return state
         return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
 
+    def replaceable_arrays(self, kind: str, obj: Any) -> Any:
+        """The tensors of a model's or optimizer's state that live on a device (a GPU) and that
+        a load fills in place from a staging buffer, one after another (`_FilledOnDevice`): no
+        copy of the state in host memory. CPU tensors are read in place (`writable_host_bytes`);
+        sharded state goes through DCP."""
+        from unified.tree import flatten
+
+        if kind not in ("model", "optimizer") or self.sharding_enabled or self._device.type == "cpu":
+            return None
+        leaves, rebuild = flatten(self.state_of(kind, obj), lambda x: not isinstance(x, (dict, list, tuple)))
+        return rebuild([(_FilledOnDevice(x) if _fillable_on_device(x) else None) if isinstance(x, torch.Tensor) else x
+                        for x in leaves])
+
     def absent_group(self, kind: str, name: str) -> Optional[str]:
         """An optimizer's ``state/<parameter>``: torch's ``Optimizer.load_state_dict`` (and
         Accelerate) take a checkpoint saved before the first step, which has no state for a
@@ -417,6 +432,27 @@ class _DistributedModel(DDP):
 # `_load_from_state_dict`s that only copy (BatchNorm's also fills in a missing
 # num_batches_tracked of old checkpoints, which an exact key match rules out)
 _PLAIN_LOADS = {torch.nn.Module._load_from_state_dict, torch.nn.modules.batchnorm._NormBase._load_from_state_dict}
+
+
+class _FilledOnDevice(Replaceable):
+    """A tensor on a device that a load fills in place from host bytes (`replaceable_arrays`)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+
+    def current(self) -> torch.Tensor:
+        return self._tensor
+
+    def replace(self, host: np.ndarray) -> None:
+        source = torch.from_numpy(host.reshape(-1).view(np.uint8))
+        with torch.no_grad():  # from pageable memory: the copy is done when copy_ returns
+            self._tensor.view(-1).view(torch.uint8).copy_(source)
+
+
+def _fillable_on_device(tensor: torch.Tensor) -> bool:
+    return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type not in ("cpu", "meta")
+            and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
+            and tensor.dtype in _SAFETENSORS_DTYPES)
 
 
 def _take_over(module: torch.nn.Module, state: Mapping[str, Any]) -> bool:

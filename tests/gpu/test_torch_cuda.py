@@ -139,3 +139,58 @@ def test_save_model_writes_device_weights_that_load_on_cpu(accelerator, tmp_path
         loaded.update(load_file(path, device="cpu"))
     for name, value in acc.unwrap_model(model).state_dict().items():
         assert torch.equal(loaded[name], value.cpu()), name
+
+
+def test_a_load_fills_the_device_tensors_in_place_without_a_host_copy_of_the_state(accelerator, tmp_path):
+    """Issue 29: a load reads each large tensor on the GPU through one staging buffer into the
+    tensor itself (same memory), instead of reading the whole state into host memory first."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    acc = accelerator
+    model = acc.prepare(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(24)]))  # 384 MiB
+    optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.1))
+    _step(acc, model, optimizer, width=2048)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    moment = optimizer.state[model[0].weight]["exp_avg"]
+    saved_moment, addresses = moment.clone(), (model[0].weight.data_ptr(), moment.data_ptr())
+    acc.save_state(str(tmp_path / "ckpt"))
+    _step(acc, model, optimizer, width=2048)
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert torch.equal(optimizer.state[model[0].weight]["exp_avg"], saved_moment)
+    assert (model[0].weight.data_ptr(), optimizer.state[model[0].weight]["exp_avg"].data_ptr()) == addresses
+    _step(acc, model, optimizer, width=2048)  # trains on
+
+    script = tmp_path / "peak.py"  # a fresh process's host memory during the load alone
+    script.write_text(textwrap.dedent("""
+        import json, sys, torch
+        from unified import Accelerator
+
+        def status(field):
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+        acc = Accelerator(backend="torch")
+        layers = [torch.nn.Linear(2048, 2048, device=acc.device) for _ in range(24)]  # never whole on the host
+        model = acc.prepare(torch.nn.Sequential(*layers))
+        optimizer = acc.prepare(torch.optim.Adam(model.parameters(), lr=0.1))
+        acc.backward(model(torch.ones(2, 2048, device=acc.device)).sum())
+        optimizer.step()  # the moments exist on the device, as in a run that resumes after its first step
+        torch.cuda.synchronize()
+        before = status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+        acc.load_state(sys.argv[1])
+        print(json.dumps({"before": before, "peak": status("VmHWM")}))
+    """))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt")], check=True, timeout=300,
+                         capture_output=True, text=True).stdout
+    measured = json.loads(out.strip().splitlines()[-1])
+    state = 3 * 24 * (2048 * 2048 + 2048) * 4  # parameters and two Adam moments: 1.1 GiB
+    assert measured["peak"] - measured["before"] < state // 4, measured

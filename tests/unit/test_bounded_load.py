@@ -123,7 +123,7 @@ _PEAK = textwrap.dedent("""
 
     acc = Accelerator(backend="torch")
     torch.manual_seed(0)
-    model = acc.prepare(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(12)]))  # 192 MiB
+    model = acc.prepare(torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(24)]))  # 384 MiB
     if sys.argv[2] == "save":
         acc.save_state(sys.argv[1])
     else:
@@ -143,9 +143,11 @@ def test_a_fresh_process_resumes_without_a_second_copy_of_the_model(tmp_path):
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), "load"], check=True, env=env,
                          timeout=300, capture_output=True, text=True).stdout
     measured = json.loads(out.strip().splitlines()[-1])
-    state = 12 * (2048 * 2048 + 2048) * 4
+    state = 24 * (2048 * 2048 + 2048) * 4
     beyond = measured["peak"] - max(measured["before"], measured["peak_before"])
-    # before: the model's 192 MiB a second time; now: buffers and the small arrays
+    # before: the model's 384 MiB a second time; now: buffers and the small arrays (17-51 MiB
+    # measured, whatever the state's size: the verifying pass's ring of buffers fills further
+    # when the machine is busy)
     assert beyond < state // 4, measured
 
 

@@ -1352,11 +1352,14 @@ class CheckpointManager:
         host = rng.get("host") if isinstance(rng, dict) else None
         missing = [] if isinstance(host, dict) and {"python", "numpy"} <= set(host) else ["Python/NumPy"]
         current = self.backend.rng_state()
-        missing += sorted(set(current) - set(framework if isinstance(framework, dict) else ()))
+        saved = set(framework if isinstance(framework, dict) else ())
+        missing += sorted(set(current) - saved - set(self.backend.optional_rng_state))
         if missing:
             raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this run; "
                                   "refusing to resume without it." + see("rng-restore"))
         for name, value in current.items():
+            if name not in framework:  # an optional one (`Backend.optional_rng_state`)
+                continue
             saved = framework[name]
             if not (isinstance(saved, np.ndarray) and saved.dtype == np.asarray(value).dtype
                     and saved.shape == np.shape(value)):
