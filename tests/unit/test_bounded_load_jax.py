@@ -129,3 +129,25 @@ def test_a_fresh_process_resumes_without_a_second_copy_of_the_state(tmp_path):
     # before: the state's 384 MiB a second time; now about 100-120 MiB whatever the state's size:
     # the staging buffer, one array in flight and up to 64 MiB of replaced arrays not handed back yet
     assert measured["peak"] - measured["before"] < state // 2, measured
+
+
+def test_a_replacement_that_fails_midway_is_reported_on_every_process_as_partly_restored(tmp_path, monkeypatch):
+    from backends.jax import core
+
+    acc, model, optimizer = _run()
+    acc.save_state(str(tmp_path / "ckpt"))
+    replace, calls = core._Slot.replace, []
+
+    def out_of_memory_on_the_second(self, host):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory while trying to allocate")
+        replace(self, host)
+
+    monkeypatch.setattr(core._Slot, "replace", out_of_memory_on_the_second)
+    with pytest.raises(CheckpointError, match="failed after it was verified") as caught:
+        acc.load_state(str(tmp_path / "ckpt"))
+    assert "RESOURCE_EXHAUSTED" in str(caught.value) and "#placing-failed" in str(caught.value)
+    monkeypatch.setattr(core._Slot, "replace", replace)
+    acc.load_state(str(tmp_path / "ckpt"))  # loading again is the way out
+    acc.end_training()

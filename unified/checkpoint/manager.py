@@ -1152,6 +1152,12 @@ class CheckpointManager:
                                           f"was verified ({err}); they now hold part of this checkpoint: load it (or "
                                           "another) again before training." + see("changed-while-placed"))
                 break
+            except Exception as err:  # noqa: BLE001 - a replacement failed (out of device memory...): every process hears it
+                failure = CheckpointError(f"{placing.path}: restoring {name} failed after it was verified "
+                                          f"({type(err).__name__}: {err}); the objects now hold part of this checkpoint: "
+                                          "free memory, then load it (or another) again before training."
+                                          + see("placing-failed"))
+                break
             states[name] = self._decode(by_name[name], manifest["structures"][name], arrays,
                                         {key: placing.places[key].current() for key in placed})
         self._raise_shared(directory, failure, "load_state (read into place)")
