@@ -535,13 +535,14 @@ def _measured(fn: Callable[[], Any]) -> Dict[str, float]:
     """``fn``'s seconds, and its peak RSS beyond the live state: the peak during the call above
     the larger of the memory before and after it (`PeakMemory`'s kernel-exact ``VmHWM``, with no
     sampling thread beside the timed call). "After" is read once the C heap handed its free
-    memory back (`_malloc_trim`): the arrays a JAX load replaced are freed but glibc keeps their
+    memory back (`return_free_heap`): the arrays a JAX load replaced are freed but glibc keeps their
     memory, which would otherwise count as live state and hide the load's second copy."""
-    from memory import _malloc_trim, status_bytes
+    from backends.common import return_free_heap
+    from memory import status_bytes
 
     with PeakMemory(anonymous=False) as memory:
         seconds = _timed(fn)
-    _malloc_trim()
+    return_free_heap()
     return {"seconds": seconds, "peak": float(memory.peak - max(memory.before, status_bytes("VmRSS")))}
 
 

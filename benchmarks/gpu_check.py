@@ -195,25 +195,13 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
     except ImportError:
         peer_note = "accelerate is not installed: no peer row"
     times = _rounds(contenders, args.dir, args.repeats)
-    # Peaks of a load alone, ours beside ours with every array read into host memory first (before issue 29)
-    memory = {}
-    folder = os.path.join(args.dir, "memory")
-    ours.save_state(folder)
-    fresh = {IN_PLACE_VARIABLE: str(1 << 60)}
-    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)", fresh)):
-        os.environ.update(extra)
-        try:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            in_use = torch.cuda.memory_allocated(device) if cuda else 0
-            with PeakMemory(trim=True, anonymous=False) as host:
-                mutate_and_check(lambda: ours.load_state(folder), first)
-        finally:
-            for key in extra:
-                os.environ.pop(key, None)
-        memory[name] = {"device_mb": ((torch.cuda.max_memory_allocated(device) - in_use) / 1e6) if cuda else None,
-                        "host_mb": (host.peak - host.before) / 1e6}
-    shutil.rmtree(folder, ignore_errors=True)
+
+    def reset_peak() -> Callable[[], int]:
+        torch.cuda.reset_peak_memory_stats(device)
+        return lambda: torch.cuda.max_memory_allocated(device)
+
+    memory = _load_memory(ours, os.path.join(args.dir, "memory"), lambda folder: mutate_and_check(lambda: ours.load_state(folder), first),
+                          lambda: DevicePeak((lambda: torch.cuda.memory_allocated(device)) if cuda else None, reset_peak))
     state_bytes = sum(t.numel() * t.element_size() for t in tensors)
     ours.end_training()
     return {"part": "torch", "device": torch.cuda.get_device_name(0) if cuda else "cpu", "state_gb": state_bytes / 1e9,
@@ -290,59 +278,70 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     contenders = {"raw copy + write + fsync": raw_round, "unified": ours_round,
                   f"orbax {ocp.__version__ if hasattr(ocp, '__version__') else ''}".strip(): orbax_round}
     times = _rounds(contenders, args.dir, args.repeats)
-    # Peaks of a load alone (sampled: XLA's peak_bytes_in_use cannot be reset), ours beside ours
-    # with every array read into fresh memory and replaced at the end (before issue 29).
-    memory = {}
-    folder = os.path.join(args.dir, "memory")
-    ours.save_state(folder)
-    fresh = {IN_PLACE_VARIABLE: str(1 << 60)}
-    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)", fresh)):
-        os.environ.update(extra)
-        try:
-            with DevicePeak(jax.devices()[0]) as device, PeakMemory(trim=True, anonymous=False) as host:
-                mutate_and_check(lambda: ours.load_state(folder))
-        finally:
-            for key in extra:
-                os.environ.pop(key, None)
-        memory[name] = {"device_mb": device.beyond / 1e6 if device.beyond is not None else None,
-                        "host_mb": (host.peak - host.before) / 1e6}
-    shutil.rmtree(folder, ignore_errors=True)
+    stats = jax.devices()[0].memory_stats  # XLA's peak_bytes_in_use cannot be reset: sampled
+    memory = _load_memory(ours, os.path.join(args.dir, "memory"), lambda folder: mutate_and_check(lambda: ours.load_state(folder)),
+                          lambda: DevicePeak((lambda: stats()["bytes_in_use"]) if stats() else None))
     state_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
     ours.end_training()
     return {"part": "jax", "device": str(jax.devices()[0].device_kind), "state_gb": state_bytes / 1e9,
             "versions": {"jax": jax.__version__}, "times": times, "memory": memory, "note": None}
 
 
+def _load_memory(accelerator: Any, folder: str, checked_load: Callable[[str], None],
+                 device_peak: Callable[[], "DevicePeak"]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Peak device memory beyond the state and peak host RSS added, in MB, of one untimed load
+    of ``accelerator``'s state from ``folder``, beside the same load with every array read into
+    fresh memory first (the way before issue 29)."""
+    memory: Dict[str, Dict[str, Optional[float]]] = {}
+    accelerator.save_state(folder)
+    fresh = {IN_PLACE_VARIABLE: str(1 << 60)}
+    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)", fresh)):
+        os.environ.update(extra)
+        try:
+            with device_peak() as device, PeakMemory(trim=True, anonymous=False) as host:
+                checked_load(folder)
+        finally:
+            for key in extra:
+                os.environ.pop(key, None)
+        memory[name] = {"device_mb": None if device.beyond is None else device.beyond / 1e6,
+                        "host_mb": (host.peak - host.before) / 1e6}
+    shutil.rmtree(folder, ignore_errors=True)
+    return memory
+
+
 class DevicePeak:
-    """The most device memory in use during a block beyond what was in use before it, sampled
-    every 0.5 ms (``beyond``: bytes, or ``None`` where the device reports no memory stats)."""
+    """The most device memory in use during a block beyond what was in use before it
+    (``beyond``: bytes, or ``None`` without ``in_use``, where there is no device). ``exact()``,
+    called on entry, resets the framework's own peak and returns how to read it (torch);
+    without it ``in_use`` is sampled every 0.5 ms (JAX)."""
 
-    def __init__(self, device: Any) -> None:
-        self.device, self.beyond = device, None
+    def __init__(self, in_use: Optional[Callable[[], int]], exact: Optional[Callable[[], Callable[[], int]]] = None) -> None:
+        self.in_use, self.exact, self.beyond = in_use, exact, None
         self._stop = threading.Event()
-
-    def _in_use(self) -> Optional[int]:
-        stats = self.device.memory_stats()
-        return stats.get("bytes_in_use") if stats else None
+        self._thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "DevicePeak":
-        self._before = self._in_use()
-        self._peak = self._before
-        if self._before is not None:
+        if self.in_use is None:
+            return self
+        self._read_peak = self.exact() if self.exact else None
+        self._before = self._peak = self.in_use()
+        if self._read_peak is None:
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
 
     def _sample(self) -> None:
         while not self._stop.wait(0.0005):
-            self._peak = max(self._peak, self._in_use() or 0)
+            self._peak = max(self._peak, self.in_use())
 
     def __exit__(self, *exc: Any) -> None:
+        if self.in_use is None:
+            return
         self._stop.set()
-        if self._before is not None:
+        if self._thread is not None:
             self._thread.join()
-            self._peak = max(self._peak, self._in_use() or 0)
-            self.beyond = self._peak - self._before
+        self._peak = self._read_peak() if self._read_peak else max(self._peak, self.in_use())
+        self.beyond = self._peak - self._before
 
 
 # -- report --------------------------------------------------------------------------------------

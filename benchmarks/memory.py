@@ -1,7 +1,7 @@
 """Peak memory of this process during a block of code, from /proc/self (Linux).
 
-Used by checkpoint.py and sharded_checkpoint.py (benchmarks/ is not a package: they put this
-folder on ``sys.path``)::
+Used by checkpoint.py, sharded_checkpoint.py, store_checkpoint.py and gpu_check.py (benchmarks/
+is not a package: they put this folder and the repository's root on ``sys.path``)::
 
     with PeakMemory() as memory:
         accelerator.save_state(path)
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 from typing import Any, Optional
+
+from backends.common import return_free_heap  # the repository's root is on sys.path (see above)
 
 __all__ = ["PeakMemory", "status_bytes"]
 
@@ -54,7 +56,7 @@ class PeakMemory:
 
     def __enter__(self) -> "PeakMemory":
         if self.trim:
-            _malloc_trim()
+            return_free_heap()
         self.before = status_bytes("VmRSS")
         if self.anonymous:
             self.anon_before = self.anon_peak = status_bytes("RssAnon")
@@ -88,13 +90,3 @@ class PeakMemory:
         self._take()
         if self._exact:
             self.peak = status_bytes("VmHWM")
-
-
-def _malloc_trim() -> None:
-    """glibc's ``malloc_trim(0)``; nothing where the C library has none."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

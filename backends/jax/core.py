@@ -13,8 +13,6 @@ sharded state (`.sharding`, with its file storage in `.storage`).
 from __future__ import annotations
 
 import atexit
-import ctypes
-import functools
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -23,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from backends.common import keep_alive_forever, next_instance
+from backends.common import keep_alive_forever, next_instance, return_free_heap
 from unified.backend import ArrayCollectives, Backend, DeviceMesh, KeyStream, Replaceable, TrainingObjects
 from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see
@@ -371,21 +369,7 @@ def _freed(nbytes: int) -> None:
     _since_trim += nbytes
     if _since_trim >= _TRIM_EVERY:
         _since_trim = 0
-        _malloc_trim()
-
-
-@functools.lru_cache(maxsize=1)
-def _libc_trim() -> Any:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; elsewhere there is nothing to call
-    except (OSError, AttributeError):
-        return None
-
-
-def _malloc_trim() -> None:
-    trim = _libc_trim()
-    if trim is not None:
-        trim(0)
+        return_free_heap()
 
 
 def _shares_memory(value: Any, host: np.ndarray) -> bool:

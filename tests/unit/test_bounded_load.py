@@ -16,8 +16,9 @@ import textwrap
 
 import pytest
 
-from unified.checkpoint import store
 from unified.errors import CheckpointError
+
+from .changed_files import change_after_verification
 
 torch = pytest.importorskip("torch")
 
@@ -65,28 +66,13 @@ def test_a_load_reads_large_arrays_into_the_live_tensors_exactly(tmp_path):
     acc.end_training()
 
 
-def _flip_a_byte(path):
-    with open(path, "r+b") as handle:
-        handle.seek(os.path.getsize(path) // 2)
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 1]))
-
 
 def test_a_file_changed_after_it_was_verified_is_refused_before_anything_is_restored(tmp_path, monkeypatch):
     acc, model, optimizer = _run()
     acc.save_state(str(tmp_path / "ckpt"))
     _step(acc, model, optimizer)
     before = _snapshot(model, optimizer)
-    verify = store.Folder.verify
-
-    def verify_then_change(self, path, size, checksum, **options):
-        identity = verify(self, path, size, checksum, **options)
-        if path.endswith("model_0.safetensors"):
-            _flip_a_byte(path)  # after the first pass, before the second
-        return identity
-
-    monkeypatch.setattr(store.Folder, "verify", verify_then_change)
+    change_after_verification(monkeypatch, "model_0.safetensors")  # after the first pass, before the second
     with pytest.raises(CheckpointError, match="changed after it was verified; nothing was restored"):
         acc.load_state(str(tmp_path / "ckpt"))
     after = _snapshot(model, optimizer)
@@ -97,16 +83,7 @@ def test_a_file_changed_after_it_was_verified_is_refused_before_anything_is_rest
 def test_a_file_changed_while_it_is_read_into_place_is_reported_as_partly_restored(tmp_path, monkeypatch):
     acc, model, optimizer = _run()
     acc.save_state(str(tmp_path / "ckpt"))
-    verify = store.Folder.verify
-
-    def verify_then_change_unseen(self, path, size, checksum, **options):
-        identity = verify(self, path, size, checksum, **options)
-        if path.endswith("model_0.safetensors"):
-            _flip_a_byte(path)
-        return identity
-
-    monkeypatch.setattr(store.Folder, "verify", verify_then_change_unseen)
-    monkeypatch.setattr(store.Folder, "changed", lambda self, path, identity: False)  # as if it changed mid-read
+    change_after_verification(monkeypatch, "model_0.safetensors", seen=False)  # as if it changed mid-read
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
         acc.load_state(str(tmp_path / "ckpt"))
     assert "model_0.safetensors" in str(caught.value) and "#changed-while-placed" in str(caught.value)

@@ -17,8 +17,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from unified.checkpoint import store
 from unified.errors import CheckpointError
+
+from .changed_files import change_after_verification
 
 jax = pytest.importorskip("jax")
 nnx = pytest.importorskip("flax.nnx")
@@ -66,27 +67,11 @@ def test_a_load_replaces_the_large_arrays_exactly_and_writes_none_in_place(tmp_p
     acc.end_training()
 
 
-def _flip_a_byte(path):
-    with open(path, "r+b") as handle:
-        handle.seek(os.path.getsize(path) // 2)
-        byte = handle.read(1)
-        handle.seek(-1, os.SEEK_CUR)
-        handle.write(bytes([byte[0] ^ 1]))
-
 
 def test_a_file_changed_while_arrays_are_replaced_is_reported_as_partly_restored(tmp_path, monkeypatch):
     acc, model, optimizer = _run()
     acc.save_state(str(tmp_path / "ckpt"))
-    verify = store.Folder.verify
-
-    def verify_then_change_unseen(self, path, size, checksum, **options):
-        identity = verify(self, path, size, checksum, **options)
-        if path.endswith("model_0.safetensors"):
-            _flip_a_byte(path)
-        return identity
-
-    monkeypatch.setattr(store.Folder, "verify", verify_then_change_unseen)
-    monkeypatch.setattr(store.Folder, "changed", lambda self, path, identity: False)  # as if it changed mid-read
+    change_after_verification(monkeypatch, "model_0.safetensors", seen=False)  # as if it changed mid-read
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
         acc.load_state(str(tmp_path / "ckpt"))
     assert "model_0.safetensors" in str(caught.value) and "#changed-while-placed" in str(caught.value)

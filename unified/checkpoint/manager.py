@@ -1086,7 +1086,7 @@ class CheckpointManager:
             raw = self.backend.writable_host_bytes(value)
             if raw is not None:
                 places[name] = Place(raw, lambda value=value: value)
-            elif isinstance(handles.get(name), Replaceable):
+            elif name in handles:  # (`codec.encode` collected only `Replaceable` leaves)
                 places[name] = Place(handles[name].replace, handles[name].current)
         return places
 
