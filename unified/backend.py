@@ -272,7 +272,15 @@ class Replaceable(abc.ABC):
         """Make the object hold ``host``'s values (a NumPy array of `current`'s saved dtype and
         shape) in this array: a new array placed like the current one, put in its place (JAX),
         or the current one filled (a torch tensor on a GPU). ``host``'s memory is reused for the
-        next array once this returns: whatever is kept must be a copy by then."""
+        next array once this returns: whatever is kept must be a copy by then, unless
+        `keeps_host`."""
+
+    @property
+    def keeps_host(self) -> bool:
+        """Whether `replace` may keep ``host``'s memory as the new array's (a JAX array on the
+        CPU, made over it without a copy). The load then reads this array into memory of its own,
+        which it never writes again, instead of the staging buffer it reuses for the next array."""
+        return False
 
 
 class Autograd(abc.ABC):

@@ -344,11 +344,16 @@ class _Slot(Replaceable):
     def current(self) -> Any:
         return self._variable.get_value()
 
+    @property
+    def keeps_host(self) -> bool:
+        # on the CPU, XLA makes the array over ``host``'s memory (aligned) instead of copying it
+        return all(device.platform == "cpu" for device in self._variable.get_value().sharding.device_set)
+
     def replace(self, host: np.ndarray) -> None:
         like = self._variable.get_value()
         new = _place(host, like, like.sharding, type(self._variable).__name__)
-        new.block_until_ready()  # the copy from ``host`` is done: the caller reuses its memory next
-        if _shares_memory(new, host):  # a client that aliased the buffer: the array gets its own copy
+        new.block_until_ready()  # the copy from ``host`` is done (a device's): the caller reuses its memory next
+        if not self.keeps_host and _shares_memory(new, host):  # aliased a buffer the caller reuses: a copy of its own
             new = _place(np.array(host, copy=True), like, like.sharding, type(self._variable).__name__)
         self._variable.set_value(new)  # the old array is freed here unless the script holds it
         if all(device.platform == "cpu" for device in new.devices()):

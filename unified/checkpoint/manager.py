@@ -1087,7 +1087,9 @@ class CheckpointManager:
             if raw is not None:
                 places[name] = Place(raw, lambda value=value: value)
             elif name in handles:  # (`codec.encode` collected only `Replaceable` leaves)
-                places[name] = Place(handles[name].replace, handles[name].current)
+                handle = handles[name]
+                places[name] = Place(safetensors_io.KeepsHost(handle.replace) if handle.keeps_host else handle.replace,
+                                     handle.current)
         return places
 
     def _verify_for_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
