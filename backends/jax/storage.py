@@ -244,7 +244,8 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
         mine = regions.setdefault(key, {})
         for device, index in value.sharding.addressable_devices_indices_map(value.shape).items():
             bounds = _bounds(index, tuple(value.shape))
-            mine.setdefault(bounds, []).append((device, np.empty([b - a for a, b in bounds], dtype)))
+            # aligned: jax.device_put then makes a CPU array over the buffer instead of copying it
+            mine.setdefault(bounds, []).append((device, safetensors_io.private_array(dtype, [b - a for a, b in bounds])))
     filled = {(key, bounds): 0 for key, mine in regions.items() for bounds in mine}
     hashed: FileHashes = {}
     by_file: Dict[str, List[Tuple[str, _Piece]]] = {}  # every entry of each file

@@ -148,7 +148,7 @@ def test_a_cpu_array_is_made_over_the_memory_the_load_read_it_into():
     variable = nnx.Param(jax.numpy.zeros((256, 256), jax.numpy.float32))
     slot = _Slot(variable)
     assert slot.keeps_host
-    host = safetensors_io._private_array(np.dtype(np.float32), (256, 256))
+    host = safetensors_io.private_array(np.dtype(np.float32), (256, 256))
     host[...] = 3.0
     slot.replace(host)
     assert variable.get_value().unsafe_buffer_pointer() == host.ctypes.data

@@ -99,7 +99,7 @@ def test_kept_hand_offs_get_memory_of_their_own_made_just_before_they_are_read(t
     monkeypatch.setattr(safetensors_io, "_READERS", 2)
     made, handed, most_ahead = [], [], [0]
     arrays, info = _write_many(tmp_path / "f.safetensors", 24, 1 << 18)  # 24 arrays of 1 MiB
-    private = safetensors_io._private_array
+    private = safetensors_io.private_array
 
     def counted(dtype, shape):
         array = private(dtype, shape)
@@ -107,7 +107,7 @@ def test_kept_hand_offs_get_memory_of_their_own_made_just_before_they_are_read(t
         most_ahead[0] = max(most_ahead[0], len(made) - len(handed))
         return array
 
-    monkeypatch.setattr(safetensors_io, "_private_array", counted)
+    monkeypatch.setattr(safetensors_io, "private_array", counted)
 
     def keep(key):
         return safetensors_io.KeepsHost(lambda array: handed.append((key, array)))

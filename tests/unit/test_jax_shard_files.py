@@ -50,9 +50,18 @@ def exact(arrays):
             and np.array_equal(np.asarray(arrays["b"]).astype(np.float32), b.astype(np.float32)))
 
 same = {k: zeros(v, v.sharding) for k, v in saved.items()}
+made, private_array = [], safetensors_io.private_array
+def recorded(dtype, shape):
+    made.append(private_array(dtype, shape))
+    return made[-1]
+safetensors_io.private_array = recorded
 arrays, hashed = read_shards(folder, same)
+safetensors_io.private_array = private_array
 out["same"] = {"exact": exact(arrays), "hashed": hashed == hashes,
                "placed": all(arrays[k].sharding == same[k].sharding for k in same)}
+# each device's array is made over the buffer its bytes were read into, not copied from it
+out["over_the_buffers"] = sorted(shard.data.unsafe_buffer_pointer() for k in arrays for shard in arrays[k].addressable_shards) \
+    == sorted(buffer.ctypes.data for buffer in made)
 other = {"w": zeros(saved["w"], NamedSharding(two, P(None, "d"))), "b": zeros(saved["b"], NamedSharding(rows, P("d")))}
 arrays, hashed = read_shards(folder, other)
 out["other"] = {"exact": exact(arrays), "hashed": hashed,
@@ -103,6 +112,11 @@ def test_each_piece_is_written_once_by_the_process_holding_its_first_replica(res
 
 def test_read_back_exactly_under_the_same_placement_hashed_in_the_same_pass(result):
     assert result["same"] == {"exact": True, "hashed": True, "placed": True}
+
+
+def test_each_device_array_is_made_over_the_memory_it_was_read_into(result):
+    # before: NumPy's 16-byte aligned buffers, which jax.device_put copied (0.28 s for 0.4 GB)
+    assert result["over_the_buffers"]
 
 
 def test_read_back_exactly_under_another_placement_in_slices(result):

@@ -16,14 +16,17 @@ from unified.checkpoint import safetensors_io
 from unified.checkpoint.store import ObjectStore, location_of
 from unified.errors import CheckpointError
 
-from unified.testing.object_store import missing_store_packages, s3_server
+from unified.testing.object_store import gcs_server, missing_gcs_packages, missing_store_packages, s3_server
 
 pytestmark = pytest.mark.skipif(missing_store_packages() is not None, reason=str(missing_store_packages()))
 
 
-@pytest.fixture(scope="module")
-def server():
-    with s3_server() as running:
+@pytest.fixture(scope="module", params=["s3", "gs"])
+def server(request):
+    """The S3 server (moto) and the GCS emulator (gcp-storage-emulator), each on loopback."""
+    if request.param == "gs" and missing_gcs_packages():
+        pytest.skip(missing_gcs_packages())
+    with (s3_server() if request.param == "s3" else gcs_server()) as running:
         yield running
 
 
@@ -264,8 +267,6 @@ def test_a_backend_without_sharded_to_store_refuses_sharded_state_on_a_store_and
     """Both built-in backends write sharded state to a store; a third-party backend that does
     not (no ``sharded_to_store``) must be refused before anything is written, and must not read
     a store's sharded checkpoint either."""
-    from unified import FullyShardedDataParallelPlugin
-
     import torch
 
     url, fs = bucket
@@ -282,3 +283,17 @@ def test_a_backend_without_sharded_to_store_refuses_sharded_state_on_a_store_and
         acc.load_state(f"{url}/sharded")
     monkeypatch.setattr(type(acc._backend), "sharded_to_store", True)
     acc.load_state(f"{url}/sharded")
+
+
+def test_an_object_written_again_with_as_many_bytes_counts_as_changed(bucket):
+    """A load refuses a file that changed between its verifying pass and the read into place
+    (`Location.changed`). Each client names what a write changes its own way: on gs:// the
+    identity read S3's names only (``ETag``, ``LastModified``), got neither, and a same-size
+    rewrite went unseen."""
+    url, fs = bucket
+    fs.pipe_file(f"{url}/obj", b"a" * 64)
+    store = location_of(url)
+    before = store.identity(f"{url}/obj", 64)
+    assert not store.changed(f"{url}/obj", before)
+    fs.pipe_file(f"{url}/obj", b"b" * 64)
+    assert store.changed(f"{url}/obj", before)

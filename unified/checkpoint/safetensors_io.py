@@ -312,7 +312,7 @@ def describe_file(path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]
 class Placing:
     """Where `read_placed` and `read_stream_placed` put each array: the memory ``into`` gives for
     its name when that is a writable contiguous uint8 view of exactly its bytes, else fresh
-    private memory (`_private_array`). ``placed``: the names read into place.
+    private memory (`private_array`). ``placed``: the names read into place.
 
     ``into`` may also give a callable ``hand_off(array)`` (a JAX load replaces each live array
     by a new one): such arrays are read one after another into one staging buffer of the largest
@@ -336,7 +336,7 @@ class Placing:
         arrays, starts = _lay_out(header, data_size, path, self._make)
         staged = {key: spec for key, spec in arrays.items() if isinstance(spec, _Staged) and not spec.own}
         if staged:
-            buffer = _private_array(np.dtype(np.uint8), (max(spec.nbytes for spec in staged.values()),))
+            buffer = private_array(np.dtype(np.uint8), (max(spec.nbytes for spec in staged.values()),))
             for key, spec in staged.items():
                 view = buffer[:spec.nbytes].view(spec.dtype).reshape(spec.shape)
                 arrays[key] = view
@@ -347,7 +347,7 @@ class Placing:
         """The memory an entry of `lay_out` is read into: its own, made now, for a `KeepsHost`."""
         if not isinstance(array, _Staged):
             return array
-        own = _private_array(array.dtype, array.shape)
+        own = private_array(array.dtype, array.shape)
         self._handed[id(own)] = array.hand_off
         return own
 
@@ -370,7 +370,7 @@ class Placing:
                 and target.nbytes == math.prod(shape) * dtype.itemsize):
             self.placed.append(key)
             return target
-        return _private_array(dtype, shape)
+        return private_array(dtype, shape)
 
     def fresh(self, arrays: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         placed = set(self.placed)
@@ -523,7 +523,7 @@ def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
     (`read_placed` without places).
 
     One pass over the bytes: the header is read and checked first, then every array gets fresh
-    memory of this process (`_private_array`) and the data is read straight into it, each chunk
+    memory of this process (`private_array`) and the data is read straight into it, each chunk
     hashed right after it was read, while it is still in the CPU's cache. The arrays hold nothing
     but their own bytes, so the objects may keep them without a copy, what they get is exactly
     what was verified, and a file that changes afterwards (or meanwhile: a short read, another
@@ -642,11 +642,16 @@ def _whole_file_checksum(fd: int, size: int) -> str:
     return digest.hexdigest()
 
 
-def _private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
-    """Fresh writable memory for one array, its first byte at a multiple of _ALIGN (XLA uses
-    memory it did not allocate only then). From the process's heap, which reuses memory freed
-    by the state this load replaces: on some machines (VMs above all) the first touch of memory
-    new to the process costs several times the copy into it (docs/benchmarks/checkpoint.md)."""
+def private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+    """Fresh writable memory for one array, its first byte at a multiple of _ALIGN (XLA makes a
+    CPU array over host memory without a copy only then; NumPy's own arrays are 16-byte aligned).
+    From the process's heap, which reuses memory freed by the state this load replaces: on some
+    machines (VMs above all) the first touch of memory new to the process costs several times the
+    copy into it (docs/benchmarks/checkpoint.md).
+
+    Example:
+        >>> buffer = private_array(np.dtype(np.float32), (1024, 1024))   # then jax.device_put(buffer)
+    """
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN

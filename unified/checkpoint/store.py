@@ -34,6 +34,9 @@ from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, check_manifest, manifest_by
 
 _HEAD_BYTES = 1 << 20  # what `ObjectStore.verify` keeps of an object's first bytes: its header, usually
 PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds
+# the metadata of an object that changes when it is written again, as fsspec clients name it: s3fs
+# (ETag, VersionId, LastModified), gcsfs (generation, etag, updated), adlfs (etag, last_modified)
+_IDENTITY_KEYS = ("ETag", "VersionId", "LastModified", "generation", "etag", "updated", "last_modified", "mtime")
 # the extras that bring each protocol's fsspec client
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _AUTO_NAME = layout._AUTO_NAME  # checkpoint_N: one pattern for folders and stores
@@ -397,11 +400,12 @@ class ObjectStore:
             return True
 
     def identity(self, path: str, size: Optional[int]) -> Any:
-        """The object's ETag (a new one for every write), after its size was compared with ``size``."""
+        """What changes with every write of the object (S3's ETag, GCS's generation...: each
+        client names them its own way), after its size was compared with ``size``."""
         info = self._info(path)
         if size is not None and info["size"] != size:
             raise safetensors_io.size_mismatch(path, info["size"], size)
-        return info.get("ETag") or (info["size"], str(info.get("LastModified")))
+        return (info["size"],) + tuple((key, str(info[key])) for key in _IDENTITY_KEYS if info.get(key) is not None)
 
     def _info(self, path: str) -> Dict[str, Any]:
         """The object's metadata, asked of the store (never a cached listing)."""
