@@ -31,7 +31,7 @@ import numpy as np
 
 from unified.backend import FileHashes
 from unified.checkpoint import safetensors_io
-from unified.checkpoint.store import ObjectStore, location_of
+from unified.checkpoint.store import ObjectStore, headers_of, location_of
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
@@ -160,13 +160,9 @@ def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int
     pieces: Dict[str, List[_Piece]] = {}
     shapes: Dict[str, Tuple[int, ...]] = {}
     sizes: Dict[str, int] = {}
-    for name in files.names():
-        if not SHARD_FILE.fullmatch(name):
-            continue
-        path = files.path(name)
-        sizes[path] = size = files.size(path)
-        data_start, entries, extra = safetensors_io.header_of(
-            lambda at, count: files.read_range(path, at, at + count), path, size)
+    paths = [files.path(name) for name in files.names() if SHARD_FILE.fullmatch(name)]
+    for path, (size, (data_start, entries, extra)) in zip(paths, headers_of(paths, files.size, files.read_range)):
+        sizes[path] = size
         try:
             info = json.loads(extra[_SHARDS_INFO])
             described = {entry: (str(info[entry]["array"]), tuple(int(o) for o in info[entry]["offsets"]),

@@ -33,7 +33,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from unified.checkpoint import safetensors_io
-from unified.checkpoint.store import location_of
+from unified.checkpoint.store import headers_of, location_of
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
@@ -131,17 +131,13 @@ class HashingReader(HuggingFaceStorageReader):
     def _store_metadata(self) -> Metadata:
         """What ``HuggingFaceStorageReader.read_metadata`` builds from the files' headers (each
         file's ``DCP_SHARDING_INFO``: where its slices sit in the whole arrays), from the objects'
-        headers read with two range requests each."""
+        headers, all asked for at once (`headers_of`)."""
         assert self.store is not None
         arrays: Dict[str, TensorStorageMetadata] = {}
         storage: Dict[MetadataIndex, Any] = {}
-        for name in self.store.files(self.target):
-            if not name.endswith(".safetensors") or "/" in name:
-                continue
-            url = f"{self.target.rstrip('/')}/{name}"
-            size = self.store.size_of(url)
-            start, entries, extra = safetensors_io.header_of(lambda at, count: self.store.read_range(url, at, at + count),
-                                                             url, size)
+        urls = [f"{self.target.rstrip('/')}/{name}" for name in self.store.files(self.target)
+                if name.endswith(".safetensors") and "/" not in name]
+        for url, (size, (start, entries, extra)) in zip(urls, headers_of(urls, self.store.size_of, self.store.read_range)):
             self._headers[url] = (size, start, entries)
             try:
                 info = json.loads(extra[_SHARDING_INFO]) if _SHARDING_INFO in extra else {}

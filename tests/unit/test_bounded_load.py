@@ -13,12 +13,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from unified.errors import CheckpointError
 
-from .changed_files import change_after_verification
+from .changed_files import change_after_verification, flip_a_byte
 
 torch = pytest.importorskip("torch")
 
@@ -87,6 +88,61 @@ def test_a_file_changed_while_it_is_read_into_place_is_reported_as_partly_restor
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
         acc.load_state(str(tmp_path / "ckpt"))
     assert "model_0.safetensors" in str(caught.value) and "#changed-while-placed" in str(caught.value)
+    acc.end_training()
+
+
+def _resuming(tmp_path):
+    """A saved run and the objects of a resume: a model to read into, an optimizer without
+    moments yet (its file is read into fresh memory)."""
+    acc, model, optimizer = _run()
+    _step(acc, model, optimizer)
+    acc.save_state(str(tmp_path / "ckpt"))
+    _step(acc, model, optimizer)
+    optimizer.optimizer.state.clear()
+    return acc, model, optimizer
+
+
+def test_the_first_pass_over_files_read_into_place_runs_beside_the_reads_into_fresh_memory(tmp_path, monkeypatch):
+    """A resume: the model's first pass (hashing) and the optimizer's read into fresh memory
+    overlap (they used to run one after the other), and the load is still exact."""
+    from unified.checkpoint import store
+
+    acc, model, optimizer = _resuming(tmp_path)
+    times = {}
+    verify, read = store.Folder.verify, store.Folder.read
+
+    def slow_verify(self, path, *args, **options):
+        times["verify"] = [time.monotonic()]
+        time.sleep(0.5)
+        got = verify(self, path, *args, **options)
+        times["verify"].append(time.monotonic())
+        return got
+
+    def timed_read(self, path, *args):
+        if path.endswith("optimizer_0.safetensors"):
+            times["read"] = time.monotonic()
+        return read(self, path, *args)
+
+    monkeypatch.setattr(store.Folder, "verify", slow_verify)
+    monkeypatch.setattr(store.Folder, "read", timed_read)
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert times["verify"][0] <= times["read"] < times["verify"][1], times
+    assert len(optimizer.optimizer.state) == 4  # every parameter's moments came back
+    acc.end_training()
+
+
+@pytest.mark.parametrize("damaged,named", [(("model_0", "optimizer_0"), "model_0"), (("optimizer_0",), "optimizer_0")])
+def test_damaged_files_are_named_in_the_objects_order_and_nothing_is_restored(tmp_path, damaged, named):
+    """With the first passes on a thread of their own, the error is still the first object's
+    (as when the files were read one by one), and nothing was restored."""
+    acc, model, optimizer = _resuming(tmp_path)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for name in damaged:
+        flip_a_byte(str(tmp_path / "ckpt" / f"{name}.safetensors"))
+    with pytest.raises(CheckpointError, match="checksum") as caught:
+        acc.load_state(str(tmp_path / "ckpt"))
+    assert f"{named}.safetensors" in str(caught.value)
+    assert _equal(model.state_dict(), before) and not optimizer.optimizer.state
     acc.end_training()
 
 

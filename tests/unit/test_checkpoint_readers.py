@@ -484,3 +484,57 @@ def test_arrays_of_every_size_still_round_trip(tmp_path):
     back = safetensors_io.read(str(tmp_path / "f.safetensors"), info["size"], info["xxh3"])
     assert {k: v.tolist() for k, v in back.items()} == {k: v.tolist() for k, v in arrays.items()}
     assert math.prod(back["a/2"].shape) == 5 and back["a/2"].flags.writeable  # private memory (finding 4)
+
+
+@pytest.mark.parametrize("count,requests", [(3, 1), (3000, 2)])
+def test_a_header_is_read_in_one_request_unless_it_is_long(tmp_path, count, requests):
+    """Describing a file from its header (a store's object: each request costs its latency) asks
+    once for a header that fits the first read, twice for a longer one (here 3000 arrays,
+    ~180 kB); before, always twice (its length, then the header). The result is the same."""
+    path = str(tmp_path / "f.safetensors")
+    arrays = {f"a{i}": np.full(4, i, np.float32) for i in range(count)}
+    safetensors_io.write(path, {k: safetensors_io.export_numpy(v) for k, v in arrays.items()})
+    size, calls = os.path.getsize(path), []
+
+    def read_at(at, n):
+        calls.append((at, n))
+        with open(path, "rb") as handle:
+            return os.pread(handle.fileno(), n, at)
+
+    start, entries, _ = safetensors_io.header_of(read_at, path, size)
+    assert len(calls) == requests
+    assert sorted(entries) == sorted(arrays) and entries["a2"][:2] == ("F32", (4,))
+    with open(path, "rb") as handle:
+        data = os.pread(handle.fileno(), size, 0)
+    begin, end = entries["a2"][2:]
+    assert np.frombuffer(data[start + begin:start + end], np.float32).tolist() == [2.0] * 4
+
+
+def test_the_headers_of_several_files_are_asked_for_at_once_and_failures_come_in_order(tmp_path):
+    """`headers_of` (the sharded readers of both backends on a store): every file's first request
+    is in flight together (the barrier lets them through only then; one by one it times out),
+    and with two damaged files the first one's error is raised."""
+    from unified.checkpoint.store import headers_of
+
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"shard-{i}.safetensors"))
+        safetensors_io.write(paths[-1], {"w": safetensors_io.export_numpy(np.full(8, i, np.float32))})
+    together = threading.Barrier(len(paths), timeout=10)
+
+    def read_range(path, start, end):
+        if start == 0:
+            together.wait()
+        with open(path, "rb") as handle:
+            return os.pread(handle.fileno(), end - start, start)
+
+    got = headers_of(paths, os.path.getsize, read_range)
+    assert [size for size, _ in got] == [os.path.getsize(p) for p in paths]
+    assert all(entries["w"][:2] == ("F32", (8,)) for _, (_, entries, _) in got)
+    for path in paths[1:3]:
+        with open(path, "r+b") as handle:
+            handle.write(struct.pack("<Q", 1 << 40))  # a header length beyond the file
+    together.reset()
+    with pytest.raises(CheckpointError) as caught:
+        headers_of(paths, os.path.getsize, read_range)
+    assert "shard-1.safetensors" in str(caught.value)

@@ -7,6 +7,7 @@ returns. load: verify the manifest and every file before touching any object, th
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import random
@@ -1192,23 +1193,9 @@ class CheckpointManager:
                    if e.name not in hook_saved and (not isinstance(structures, dict) or e.name not in structures)]
         if missing:
             raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}" + see("no-structure"))
-        states = {}  # without sharded arrays: decoded states; with them: the verified files (see _with_sharded)
         sharded = manifest.get("sharded") or {}
         self._verify_hook_files(directory, manifest)
-        for entry in self.entries:
-            if entry.name in hook_saved:
-                continue
-            where = os.path.join(directory, f"{entry.name}.safetensors")
-            live = codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
-            places = {} if sharded else self._places(entry, live)
-            if places:  # verified now, read into the live arrays once everything is checked (`_read_in_place`)
-                later = self._verify_for_placing(directory, manifest, entry, places)
-                self._check_fits(entry, live, later.described, set(), where)
-                states[entry.name] = later
-                continue
-            arrays = self._read_file(directory, manifest, f"{entry.name}.safetensors")
-            self._check_fits(entry, live, _described(arrays), set(sharded.values()), where)
-            states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
+        states = self._read_objects(directory, manifest, hook_saved, sharded)
         sharded_files = self._verify_sharded_tree(directory, manifest) if sharded else {}
         rank, saved = self.backend.process_index, manifest.get("num_processes")
         if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
@@ -1229,6 +1216,49 @@ class CheckpointManager:
         else:
             rng = resolve_rng(streams, rank)
         return manifest, states, rng, sharded_files
+
+    def _read_objects(self, directory: str, manifest: Dict[str, Any], hook_saved: Collection[str],
+                      sharded: Dict[str, str]) -> Dict[str, Any]:
+        """Each object's file (those no save-state hook wrote), checked against the object: an
+        `InPlace` for a file whose large arrays are read into the live ones later (verified now:
+        the first pass), else its decoded state (with sharded arrays: its arrays, see
+        `_with_sharded`). The first passes run on a thread of their own while this one reads
+        the other files into fresh memory (a resumed optimizer's moments): on 2 cores they
+        overlap. Failures are raised in the objects' order, as when they were read one by one."""
+        structures = manifest["structures"]
+        states: Dict[str, Any] = {}
+        mine_now = [(entry, codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
+                    for entry in self.entries if entry.name not in hook_saved]
+        places = {entry.name: ({} if sharded else self._places(entry, live)) for entry, live in mine_now}
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="unified-verify") as verifying:
+            verified = {entry.name: verifying.submit(self._verify_for_placing, directory, manifest, entry,
+                                                     places[entry.name])
+                        for entry, _ in mine_now if places[entry.name]}
+            read: Dict[str, Any] = {}
+            failed: Optional[Tuple[str, Exception]] = None
+            try:
+                for entry, _ in mine_now:
+                    if entry.name not in verified:
+                        read[entry.name] = self._read_file(directory, manifest, f"{entry.name}.safetensors")
+            except Exception as err:  # raised below in its turn: an earlier object's failure comes first
+                failed = (entry.name, err)
+            try:
+                for entry, live in mine_now:
+                    where = os.path.join(directory, f"{entry.name}.safetensors")
+                    if entry.name in verified:  # read into the live arrays once everything is checked (`_read_in_place`)
+                        later = verified[entry.name].result()
+                        self._check_fits(entry, live, later.described, set(), where)
+                        states[entry.name] = later
+                        continue
+                    if failed is not None and failed[0] == entry.name:
+                        raise failed[1]
+                    arrays = read[entry.name]
+                    self._check_fits(entry, live, _described(arrays), set(sharded.values()), where)
+                    states[entry.name] = arrays if sharded else self._decode(entry, structures[entry.name], arrays)
+            finally:
+                for future in verified.values():
+                    future.cancel()
+        return states
 
     def _verify_hook_files(self, directory: str, manifest: Dict[str, Any]) -> None:
         """The files save-state hooks wrote are checked (size and xxh3, each process a share)

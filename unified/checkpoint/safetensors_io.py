@@ -12,6 +12,7 @@ import concurrent.futures
 import io
 import json
 import math
+import mmap
 import os
 import queue
 import re
@@ -270,12 +271,21 @@ def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
     return start, entries, metadata
 
 
+# The first request for a header asks for this much: one request for the header of any file with
+# up to a few hundred arrays (each request to an object store costs its latency; Hugging Face's
+# safetensors metadata reader asks for 100 kB first for the same reason), a second one beyond.
+_FIRST_HEADER_READ = 64 << 10
+
+
 def _header_at(read_at: Callable[[int, int], bytes], path: str, size: int
                ) -> Tuple[int, bytes, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
     """The data start, the header's bytes and ``{name: (safetensors dtype, shape, start, end)}``
     of a safetensors file read with ``read_at`` (checked as `read` checks it)."""
-    length = _header_length(read_at(0, min(8, size)), size - 8, path)
-    header = read_at(8, length)
+    first = read_at(0, min(_FIRST_HEADER_READ, size))
+    length = _header_length(first[:8], size - 8, path)
+    header = first[8:8 + length]
+    if len(header) < length and len(first) == min(_FIRST_HEADER_READ, size):  # a header longer than the first read
+        header += read_at(len(first), 8 + length - len(first))
     if len(header) != length:
         raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
     entries: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {}
@@ -647,15 +657,61 @@ def private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
     CPU array over host memory without a copy only then; NumPy's own arrays are 16-byte aligned).
     From the process's heap, which reuses memory freed by the state this load replaces: on some
     machines (VMs above all) the first touch of memory new to the process costs several times the
-    copy into it (docs/benchmarks/checkpoint.md).
+    copy into it (docs/benchmarks/checkpoint.md). In ordinary pages, as torch's and XLA's own
+    tensors are (`_without_numpys_huge_pages`).
 
     Example:
         >>> buffer = private_array(np.dtype(np.float32), (1024, 1024))   # then jax.device_put(buffer)
     """
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGN, np.uint8)
+    _without_numpys_huge_pages(raw)
     start = -raw.ctypes.data % _ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+_PAGE = mmap.PAGESIZE
+_MADV_NOHUGEPAGE = 15
+
+
+def _huge_pages_only_where_asked() -> bool:
+    """Whether the kernel gives transparent huge pages only to memory that asks for them (Linux's
+    ``madvise`` policy, the usual default)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
+            return "[madvise]" in handle.read()
+    except OSError:
+        return False
+
+
+def _libc_madvise() -> Optional[Callable[..., int]]:
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None).madvise  # the C library's (Linux: whenever the policy file exists)
+    except (OSError, AttributeError):
+        return None
+    call.argtypes, call.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return call
+
+
+_MADVISE = _libc_madvise() if _huge_pages_only_where_asked() else None
+
+
+def _without_numpys_huge_pages(array: np.ndarray) -> None:
+    """Take back NumPy's request for huge pages (it makes one for every array of 4 MiB or more)
+    before the memory is first touched, so that a load's fresh memory gets the pages the
+    framework's own tensors get (torch and XLA ask for none). Filling fresh huge pages once can
+    cost more than it saves: a fault that must first compact memory stalls, and on some VMs a
+    fresh huge page costs 3-6 times as much as ordinary ones (docs/benchmarks/checkpoint.md).
+    Nothing where the system's policy is not ``madvise`` (``always``: the administrator's choice
+    stands)."""
+    if _MADVISE is None or array.nbytes < (4 << 20):
+        return
+    first = -(-array.ctypes.data // _PAGE) * _PAGE
+    last = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
+    if last > first:
+        _MADVISE(first, last - first, _MADV_NOHUGEPAGE)
 
 
 def _in_file_order(arrays: Dict[str, np.ndarray], starts: List[int]) -> List[Tuple[int, np.ndarray]]:
