@@ -23,6 +23,7 @@ Example:
 """
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -85,7 +86,8 @@ class Rendezvous:
         self.ended: Dict[int, str] = {}                 # machine -> outcome, in the attempt running
         self.verdicts: Dict[int, Dict[str, str]] = {}   # attempt -> {"verdict", "reason"}
         self.final: Optional[Dict[str, str]] = None
-        self.told: set = set()                          # machines that heard the final verdict
+        self.answered: set = set()                      # machines given the final verdict in an answer
+        self.told: set = set()                          # ... whose answer was written out in whole
         self.opened_at = clock()
         self.enough_since: Optional[float] = None       # MIN machines joined since then
         self.previous: Optional[set] = None             # after a restart: the last attempt's machines that stay
@@ -108,7 +110,7 @@ class Rendezvous:
             self.seen[machine] = self.clock()
             self._tick()
             if self.final:
-                self.told.add(machine)
+                self.answered.add(machine)
             if running is not None:
                 return dict(self.verdicts.get(running, {}))
             if not self.final and self.layout and machine in self.layout.machines and machine not in self.ended:
@@ -129,8 +131,16 @@ class Rendezvous:
                     self._over(FINISHED if everyone == {DONE} else STOPPED, "a machine left (preempted or stopped)")
             self.waiting.pop(machine, None)
             if self.final:
-                self.told.add(machine)
+                self.answered.add(machine)
             return dict(self.verdicts.get(attempt, {}))
+
+    def delivered(self, machine: int) -> None:
+        """The answer to ``machine``'s call was written out in whole: once it held the final verdict,
+        the machine has heard it (machine 0 may stop serving; before, it stopped while an answer
+        was still being written, and the machine reading it failed on the truncated answer)."""
+        with self.lock:
+            if machine in self.answered:
+                self.told.add(machine)
 
     def untold(self) -> set:
         """Machines still beating that have not heard the final verdict yet."""
@@ -199,10 +209,12 @@ class RendezvousServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (the standard library's name)
+                machine = None
                 try:
                     request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                     call = {"join": state.join, "poll": state.poll, "end": state.end}[request.pop("op")]
                     body, status = json.dumps(call(**request)).encode(), 200
+                    machine = request["machine"]
                 except (ValueError, KeyError, TypeError) as err:
                     body, status = json.dumps({"error": str(err)}).encode(), 400
                 self.send_response(status)
@@ -210,6 +222,9 @@ class RendezvousServer:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+                self.wfile.flush()
+                if machine is not None:
+                    state.delivered(machine)
 
             def log_message(self, *args) -> None:  # no access log on our output
                 pass
@@ -255,7 +270,7 @@ class RendezvousClient:
                 request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=5) as answer:
                     return json.loads(answer.read())
-            except (urllib.error.URLError, OSError, ValueError) as err:
+            except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:  # a truncated answer too
                 if time.monotonic() >= give_up:
                     raise RendezvousLost(
                         f"unified launch: machine 0's rendezvous at {self.url[7:-1]} did not answer for "

@@ -2,6 +2,11 @@
 clock the test moves; and its HTTP server and client on loopback."""
 from __future__ import annotations
 
+import json
+import socket
+import threading
+import time
+
 import pytest
 
 from unified.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, STOPPED, Rendezvous,
@@ -99,6 +104,9 @@ def test_the_job_ends_finished_when_every_machine_is_done_and_gives_up_after_the
     assert r.end(0, 0, DONE, "finished") == {}         # machine 1 still runs
     assert r.end(1, 0, DONE, "finished")["verdict"] == FINISHED
     assert r.poll(0, running=0)["verdict"] == FINISHED
+    assert r.untold() == {0, 1}                         # answered, not yet written out (the server says when)
+    r.delivered(0)
+    r.delivered(1)
     assert r.untold() == set()
 
     r, clock = _rendezvous(low=2, high=2, restarts=1)
@@ -141,6 +149,59 @@ def test_the_server_and_client_on_loopback():
         server.close()
     with pytest.raises(RendezvousLost, match=r"did not answer for 0.6s .*cannot go on without machine 0"):
         RendezvousClient(f"127.0.0.1:{server.port}", machine=1, patience=0.6).join(1)
+
+
+def test_machine_0_counts_a_machine_told_only_once_its_answer_was_written_out():
+    """Machine 0 stops serving once every machine still beating heard the final verdict. A
+    machine counted as told when its answer was made, not written, lost the race in CI: machine
+    0 exited mid-answer and machine 1's launcher failed on the truncated answer."""
+    r, clock = _rendezvous(low=1, high=2, last_call=0.0)
+    r.join(0, processes=1)
+    assert _layout(r, 0)["machines"] == [0]
+    assert r.end(0, 0, DONE)["verdict"] == FINISHED    # the final verdict; machine 1 never joined
+    r.delivered(0)
+    server = RendezvousServer(r, port=0).start()
+    untold_while_answering = []
+    poll = r.poll
+
+    def poll_and_look(machine, running=None):
+        answer = poll(machine, running)
+        untold_while_answering.append(r.untold())    # the answer is made, not yet written
+        return answer
+
+    r.poll = poll_and_look
+    try:
+        answer = RendezvousClient(f"127.0.0.1:{server.port}", machine=1).wait_for_attempt()
+        assert answer["verdict"] == FINISHED
+        assert untold_while_answering == [{1}]
+        give_up = time.monotonic() + 5
+        while r.untold() and time.monotonic() < give_up:  # told right after the answer was written
+            time.sleep(0.01)
+        assert r.untold() == set()
+    finally:
+        server.close()
+
+
+def test_a_truncated_answer_is_asked_again():
+    """An answer cut short (machine 0 gone mid-answer: http.client.IncompleteRead, not an OSError)
+    is retried like no answer, instead of ending the launcher with a traceback."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = json.dumps({"verdict": FINISHED}).encode()
+
+    def serve():
+        for answer in (b"HTTP/1.1 200 OK\r\nContent-Length: 74\r\n\r\n",
+                       b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)):
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        client = RendezvousClient(f"127.0.0.1:{listener.getsockname()[1]}", machine=1, patience=10)
+        assert client.wait_for_attempt() == {"verdict": FINISHED}
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("flags,match", [
