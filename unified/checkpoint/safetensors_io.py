@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array as stdarray
 import concurrent.futures
+import functools
 import io
 import json
 import math
@@ -281,10 +282,11 @@ def _header_at(read_at: Callable[[int, int], bytes], path: str, size: int
                ) -> Tuple[int, bytes, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
     """The data start, the header's bytes and ``{name: (safetensors dtype, shape, start, end)}``
     of a safetensors file read with ``read_at`` (checked as `read` checks it)."""
-    first = read_at(0, min(_FIRST_HEADER_READ, size))
+    asked = min(_FIRST_HEADER_READ, size)
+    first = read_at(0, asked)
     length = _header_length(first[:8], size - 8, path)
     header = first[8:8 + length]
-    if len(header) < length and len(first) == min(_FIRST_HEADER_READ, size):  # a header longer than the first read
+    if len(header) < length and len(first) == asked:  # a header longer than the first read
         header += read_at(len(first), 8 + length - len(first))
     if len(header) != length:
         raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
@@ -674,28 +676,25 @@ _PAGE = mmap.PAGESIZE
 _MADV_NOHUGEPAGE = 15
 
 
-def _huge_pages_only_where_asked() -> bool:
-    """Whether the kernel gives transparent huge pages only to memory that asks for them (Linux's
-    ``madvise`` policy, the usual default)."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
-            return "[madvise]" in handle.read()
-    except OSError:
-        return False
-
-
-def _libc_madvise() -> Optional[Callable[..., int]]:
+@functools.lru_cache(maxsize=1)
+def _madvise_where_huge_pages_are_asked_for() -> Optional[Callable[..., int]]:
+    """The C library's ``madvise`` where the kernel gives transparent huge pages only to memory
+    that asks for them (Linux's ``madvise`` policy, the usual default), else None. Looked up at
+    the first large allocation, not at import."""
     import ctypes
 
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
+            if "[madvise]" not in handle.read():
+                return None
+    except OSError:
+        return None
     try:
         call = ctypes.CDLL(None).madvise  # the C library's (Linux: whenever the policy file exists)
     except (OSError, AttributeError):
         return None
     call.argtypes, call.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
     return call
-
-
-_MADVISE = _libc_madvise() if _huge_pages_only_where_asked() else None
 
 
 def _without_numpys_huge_pages(array: np.ndarray) -> None:
@@ -706,12 +705,13 @@ def _without_numpys_huge_pages(array: np.ndarray) -> None:
     fresh huge page costs 3-6 times as much as ordinary ones (docs/benchmarks/checkpoint.md).
     Nothing where the system's policy is not ``madvise`` (``always``: the administrator's choice
     stands)."""
-    if _MADVISE is None or array.nbytes < (4 << 20):
+    madvise = _madvise_where_huge_pages_are_asked_for() if array.nbytes >= (4 << 20) else None
+    if madvise is None:
         return
     first = -(-array.ctypes.data // _PAGE) * _PAGE
     last = (array.ctypes.data + array.nbytes) // _PAGE * _PAGE
     if last > first:
-        _MADVISE(first, last - first, _MADV_NOHUGEPAGE)
+        madvise(first, last - first, _MADV_NOHUGEPAGE)
 
 
 def _in_file_order(arrays: Dict[str, np.ndarray], starts: List[int]) -> List[Tuple[int, np.ndarray]]:
