@@ -36,7 +36,7 @@ FileHashes = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "xxh3": h
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
     "ShardedArrays", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
-    "Replaceable",
+    "Replaceable", "DeferredArray",
 ]
 
 class Backend(abc.ABC):
@@ -282,6 +282,31 @@ class Replaceable(abc.ABC):
         which it never writes again, instead of the staging buffer it reuses for the next array."""
         return False
 
+    def adopt(self, value: Any) -> None:
+        """Make the object hold ``value``, an array placed like `current` (a sharded reader's
+        `DeferredArray.make`), in this array's place; the current one is dropped. A backend whose
+        `ShardedArrays.load_sharded_hashed` returns `DeferredArray`s implements it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot adopt a new array." + see("placing-failed"))
+
+
+class DeferredArray(abc.ABC):
+    """A sharded array that a load's reader has the verified bytes of (in a private local copy)
+    but makes only when the load restores it (`make`): the load then replaces the live arrays
+    one at a time (`Replaceable.adopt`) instead of holding a second copy of the process's part
+    of the state. Returned by `ShardedArrays.load_sharded_hashed` when given ``copy_to``.
+
+    Example:
+        >>> restored, hashes = backend.load_sharded_hashed(url, like, copy_to=local_copy)
+        >>> handle.adopt(restored["a0"].make())
+    """
+
+    shape: Tuple[int, ...]
+    dtype: Any
+
+    @abc.abstractmethod
+    def make(self) -> Any:
+        """The array, placed like the live array it replaces."""
+
 
 class Autograd(abc.ABC):
     """Gradients computed by calling ``backward`` on a loss (``accelerator.backward``)."""
@@ -386,11 +411,20 @@ class ShardedArrays(abc.ABC):
         """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective. The
         manager has checked every file before (a backend without ``hashes_while_reading``)."""
 
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
+                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
+                            ) -> Tuple[Dict[str, Any], FileHashes]:
         """`load_sharded` into fresh arrays that nothing else holds, before any file was
         checked (a backend with ``hashes_while_reading``); also returns the size and xxh3 of
         each file it read whole, hashed in the same pass. The manager checks those against the
-        manifest and hashes the other files before any object is restored."""
+        manifest and hashes the other files before any object is restored.
+
+        ``copy_to`` given: the manager asks for a load in bounded memory. The reader may then
+        return `DeferredArray`s (hashing the files now, restoring nothing), which the manager
+        makes and puts in place (`Replaceable.adopt`, or filled in place) one at a time once
+        every check passed; on an object store ``copy_to(url, size)`` names a new file in a
+        private local folder where an object read whole may be streamed for that (or None: no
+        room). ``None``: read now (``UNIFIED_IN_PLACE_MIN_BYTES`` above every array)."""
         return self.load_sharded(directory, like), {}
 
 

@@ -359,6 +359,17 @@ class _Slot(Replaceable):
         if all(device.platform == "cpu" for device in new.devices()):
             _freed(host.nbytes)
 
+    def adopt(self, value: Any) -> None:
+        like = self._variable.get_value()
+        _check_like(value, like, type(self._variable).__name__)
+        if value.sharding != like.sharding:  # the reader places it as `like` was
+            raise ValueError(f"{type(self._variable).__name__}: the new array is not placed like the current one."
+                             + see("placing-failed"))
+        del like
+        self._variable.set_value(value)  # the old array is freed here unless the script holds it
+        if all(device.platform == "cpu" for device in value.devices()):
+            _freed(sum(shard.data.nbytes for shard in value.addressable_shards))
+
 
 # glibc keeps the replaced CPU arrays' memory in its heaps instead of handing it back or reusing
 # all of it: measured, a load then held about as much as a second copy of the state at its peak.

@@ -19,7 +19,7 @@ the metadata) or have its shape, so they follow their parameter.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 
@@ -158,9 +158,12 @@ class JaxSharding(ShardedTraining, ShardedArrays):
         with ocp.StandardCheckpointer() as checkpointer:
             return dict(checkpointer.restore(os.path.abspath(directory), target))
 
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
+                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
+                            ) -> Tuple[Dict[str, Any], FileHashes]:
         """From an object store: `backends.jax.storage.read_shards` (no collective), with the
-        hashes of the objects it read whole."""
+        hashes of the objects it read whole (into private local copies where ``copy_to`` gives
+        one: those arrays come back deferred)."""
         from .storage import read_shards
 
-        return read_shards(directory, like)
+        return read_shards(directory, like, copy_to)

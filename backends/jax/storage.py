@@ -25,13 +25,13 @@ import json
 import math
 import os
 import re
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from unified.backend import FileHashes
+from unified.backend import DeferredArray, FileHashes
 from unified.checkpoint import safetensors_io
-from unified.checkpoint.store import ObjectStore, headers_of, location_of
+from unified.checkpoint.store import ObjectStore, headers_of, location_of, private_copy
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
@@ -154,15 +154,16 @@ def holds_shard_files(directory: str) -> bool:
     return any(SHARD_FILE.fullmatch(name) for name in _Files(directory).names())
 
 
-def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int, ...]], Dict[str, int]]:
+def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int, ...]], Dict[str, int], Dict[str, Any]]:
     """Every piece of every array, from the files' headers: ``array -> pieces``, each array's
-    whole shape, each file's size."""
+    whole shape, each file's size, each file's data start and entries."""
     pieces: Dict[str, List[_Piece]] = {}
     shapes: Dict[str, Tuple[int, ...]] = {}
     sizes: Dict[str, int] = {}
+    headers: Dict[str, Any] = {}
     paths = [files.path(name) for name in files.names() if SHARD_FILE.fullmatch(name)]
     for path, (size, (data_start, entries, extra)) in zip(paths, headers_of(paths, files.size, files.read_range)):
-        sizes[path] = size
+        sizes[path], headers[path] = size, (data_start, entries)
         try:
             info = json.loads(extra[_SHARDS_INFO])
             described = {entry: (str(info[entry]["array"]), tuple(int(o) for o in info[entry]["offsets"]),
@@ -180,7 +181,7 @@ def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int
     if not sizes:
         raise CheckpointError(f"{files.directory}: holds no shard file (shard-NNNNN.safetensors); nothing was "
                               "restored." + see("sharded-files-unlisted"))
-    return pieces, shapes, sizes
+    return pieces, shapes, sizes, headers
 
 
 def _misfit(entries: Mapping[str, Tuple[str, Tuple[int, ...], int, int]],
@@ -211,20 +212,25 @@ def _overlap(piece: _Piece, bounds: Tuple[Tuple[int, int], ...]) -> Optional[Tup
     return tuple(taken), tuple(placed)
 
 
-def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+def read_shards(directory: str, like: Mapping[str, Any],
+                copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> Tuple[Dict[str, Any], FileHashes]:
     """`write_shards`' files in ``directory`` read into new arrays placed like ``like`` (on any
     number of processes), and ``{name: {size, xxh3}}`` of the files this process read whole
     (hashed in that pass). No collective: each process reads what its devices need.
 
+    ``copy_to(path, size)``: where to keep a private local copy of an object (on a store) this
+    process reads whole (or None). Such a file is streamed there, hashed, and the arrays made only of its
+    pieces come back as `DeferredArray`s that read their bytes from the copy when the load
+    restores them (one at a time: no second copy of the process's shard). Without a copy the
+    arrays are made now, as before.
+
     Example:
         >>> arrays, hashed = read_shards("s3://bucket/run/checkpoint_3/sharded.orbax", {"w": live_w})
     """
-    import jax
-
     files = _Files(directory)
-    pieces, shapes, sizes = _pieces(files)
-    # array -> region -> the buffers of this process's devices that hold that region
-    regions: Dict[str, Dict[Tuple[Tuple[int, int], ...], List[Tuple[Any, np.ndarray]]]] = {}
+    pieces, shapes, sizes, headers = _pieces(files)
+    # array -> region -> this process's devices that hold that region (their memory made when needed)
+    regions: Dict[str, Dict[Tuple[Tuple[int, int], ...], List[Any]]] = {}
     for key, value in like.items():
         if key not in pieces:
             raise CheckpointError(f"{directory}: holds no piece of {key!r}; nothing was restored."
@@ -239,43 +245,99 @@ def read_shards(directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any]
                                   "nothing was restored." + see("sharded-load-failed"))
         mine = regions.setdefault(key, {})
         for device, index in value.sharding.addressable_devices_indices_map(value.shape).items():
-            bounds = _bounds(index, tuple(value.shape))
-            # aligned: jax.device_put then makes a CPU array over the buffer instead of copying it
-            mine.setdefault(bounds, []).append((device, safetensors_io.private_array(dtype, [b - a for a, b in bounds])))
-    filled = {(key, bounds): 0 for key, mine in regions.items() for bounds in mine}
+            mine.setdefault(_bounds(index, tuple(value.shape)), []).append(device)
+    buffers = _Buffers(like, regions)
     hashed: FileHashes = {}
+    copied: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], Tuple[str, _Piece]] = {}  # region -> (copy, piece)
     by_file: Dict[str, List[Tuple[str, _Piece]]] = {}  # every entry of each file
     for key, saved in pieces.items():
         for piece in saved:
             by_file.setdefault(piece.path, []).append((key, piece))
     for path, held in by_file.items():
-        whole = {piece.entry: regions.get(key, {}).get(_extent(piece)) for key, piece in held}
-        if all(whole.values()):  # every entry of the file is one of this process's regions
-            hashed[os.path.basename(path)] = _read_whole(files, path, sizes[path], whole)
+        if all(_extent(piece) in regions.get(key, {}) for key, piece in held):  # every entry is a region of mine
+            local = copy_to(path, sizes[path]) if copy_to is not None and files.store is not None else None
+            got = private_copy(files.store, path, local, sizes[path], headers[path]) if local is not None else None
+            if got is not None:
+                hashed[os.path.basename(path)] = got
+                copied.update({(key, _extent(piece)): (str(local), piece) for key, piece in held})
+            else:
+                hashed[os.path.basename(path)] = _read_whole(files, path, sizes[path], {
+                    piece.entry: buffers.of(key, _extent(piece)) for key, piece in held})
             for key, piece in held:
-                filled[(key, _extent(piece))] += math.prod(piece.shape)
+                buffers.filled[(key, _extent(piece))] += math.prod(piece.shape)
             continue
         for key, piece in held:  # slices: the saved piece fetched once, its overlaps copied out
-            meets = [(bounds, buffers, meet) for bounds, buffers in regions.get(key, {}).items()
+            meets = [(bounds, meet) for bounds in regions.get(key, {})
                      for meet in [_overlap(piece, bounds)] if meet is not None]
             if not meets:
                 continue
             data = np.frombuffer(bytearray(files.read_range(path, piece.start, piece.end)),
                                  dtype=safetensors_io.numpy_dtype(piece.dtype)).reshape(piece.shape)
-            for bounds, buffers, (taken, placed) in meets:
-                for _, buffer in buffers:
+            for bounds, (taken, placed) in meets:
+                for buffer in buffers.of(key, bounds):
                     buffer[placed] = data[taken]
-                filled[(key, bounds)] += math.prod(s.stop - s.start for s in placed)
-    out: Dict[str, Any] = {}
-    for key, value in like.items():
-        arrays = []
-        for bounds, buffers in regions[key].items():
-            if filled[(key, bounds)] != math.prod(b - a for a, b in bounds):
+                buffers.filled[(key, bounds)] += math.prod(s.stop - s.start for s in placed)
+    for key in like:
+        for bounds in regions[key]:
+            if buffers.filled[(key, bounds)] != math.prod(b - a for a, b in bounds):
                 raise CheckpointError(f"{directory}: its pieces of {key!r} do not cover the part {bounds} this process "
                                       "holds; nothing was restored." + see("sharded-load-failed"))
-            arrays += [jax.device_put(buffer, device) for device, buffer in buffers]
-        out[key] = jax.make_array_from_single_device_arrays(tuple(value.shape), value.sharding, arrays)
+    out: Dict[str, Any] = {}
+    for key, value in like.items():
+        sources = {bounds: copied.get((key, bounds)) for bounds in regions[key]}
+        if all(sources.values()):
+            out[key] = _FromCopy(tuple(value.shape), np.dtype(value.dtype), value.sharding, regions[key], sources)
+        else:
+            out[key] = buffers.array(key)
     return out, hashed
+
+
+class _Buffers:
+    """The memory of the regions read now (not from a verified copy), made when first asked for:
+    one aligned buffer per device of a region (`jax.device_put` then makes a CPU array over it
+    instead of copying it)."""
+
+    def __init__(self, like: Mapping[str, Any], regions: Mapping[str, Mapping[Tuple[Tuple[int, int], ...], List[Any]]]):
+        self._like, self._regions = like, regions
+        self._made: Dict[Tuple[str, Tuple[Tuple[int, int], ...]], List[np.ndarray]] = {}
+        self.filled = {(key, bounds): 0 for key, mine in regions.items() for bounds in mine}
+
+    def of(self, key: str, bounds: Tuple[Tuple[int, int], ...]) -> List[np.ndarray]:
+        if (key, bounds) not in self._made:
+            dtype, shape = np.dtype(self._like[key].dtype), [b - a for a, b in bounds]
+            self._made[(key, bounds)] = [safetensors_io.private_array(dtype, shape) for _ in self._regions[key][bounds]]
+        return self._made[(key, bounds)]
+
+    def array(self, key: str) -> Any:
+        import jax
+
+        value = self._like[key]
+        arrays = [jax.device_put(buffer, device) for bounds, devices in self._regions[key].items()
+                  for device, buffer in zip(devices, self.of(key, bounds))]
+        return jax.make_array_from_single_device_arrays(tuple(value.shape), value.sharding, arrays)
+
+
+class _FromCopy(DeferredArray):
+    """A sharded array whose every region is one piece of a verified private copy (`private_copy`):
+    made when the load restores it, each region read into memory of its own."""
+
+    def __init__(self, shape: Tuple[int, ...], dtype: np.dtype, sharding: Any,
+                 regions: Mapping[Tuple[Tuple[int, int], ...], List[Any]],
+                 sources: Mapping[Tuple[Tuple[int, int], ...], Optional[Tuple[str, _Piece]]]) -> None:
+        self.shape, self.dtype, self._sharding = shape, dtype, sharding  # not the live array: it is freed when replaced
+        self._regions, self._sources = dict(regions), dict(sources)
+
+    def make(self) -> Any:
+        import jax
+
+        arrays = []
+        for bounds, devices in self._regions.items():
+            local, piece = self._sources[bounds]  # type: ignore[misc]
+            first = safetensors_io.private_array(self.dtype, [b - a for a, b in bounds])
+            safetensors_io.read_range_into(local, piece.start, first)
+            copies = [first] + [np.array(first, copy=True) for _ in devices[1:]]  # one buffer per device
+            arrays += [jax.device_put(buffer, device) for device, buffer in zip(devices, copies)]
+        return jax.make_array_from_single_device_arrays(self.shape, self._sharding, arrays)
 
 
 def _extent(piece: _Piece) -> Tuple[Tuple[int, int], ...]:
@@ -283,15 +345,15 @@ def _extent(piece: _Piece) -> Tuple[Tuple[int, int], ...]:
     return tuple((o, o + n) for o, n in zip(piece.offsets, piece.shape))
 
 
-def _read_whole(files: _Files, path: str, size: int,
-                whole: Mapping[str, Optional[List[Tuple[Any, np.ndarray]]]]) -> Dict[str, object]:
-    """Stream the file ``path`` into the buffers of its entries (``whole``), hashing it in the
-    same pass; the other buffers of the same region get copies."""
+def _read_whole(files: _Files, path: str, size: int, whole: Mapping[str, List[np.ndarray]]) -> Dict[str, object]:
+    """Stream the file ``path`` into the buffers of its entries (``whole``: each entry's buffers,
+    one per device of its region), hashing it in the same pass; the other buffers of the same
+    region get copies."""
     def destination(entry: str, dtype: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
         buffers = whole.get(entry)
         if not buffers:
             return None
-        first = buffers[0][1]
+        first = buffers[0]
         if tuple(first.shape) != tuple(shape) or safetensors_io.safetensors_dtype(first.dtype) != dtype:
             return None
         return first.reshape(-1).view(np.uint8)
@@ -302,6 +364,6 @@ def _read_whole(files: _Files, path: str, size: int,
         raise CheckpointError(f"{path}: changed while it was read (its entries are not those its header listed "
                               "before); nothing was restored." + see("file-ended"))
     for buffers in whole.values():
-        for _, buffer in (buffers or [])[1:]:
-            buffer[...] = buffers[0][1]  # type: ignore[index]
+        for buffer in buffers[1:]:
+            buffer[...] = buffers[0]
     return hashes

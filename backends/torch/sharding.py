@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from unified.backend import FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
+from unified.backend import DeferredArray, FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
+from unified.config import is_url
 from unified.errors import CheckpointError, see
 
 __all__ = ["TorchSharding"]
@@ -289,27 +290,62 @@ class TorchSharding(ShardedTraining, ShardedArrays):
     def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
         return self.load_sharded_hashed(directory, like)[0]
 
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any]) -> Tuple[Dict[str, Any], FileHashes]:
+    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
+                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
+                            ) -> Tuple[Dict[str, Any], FileHashes]:
         """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);
         the live ones are untouched (the manager checks the returned checksums, of the files
         read whole, and hashes the others, before it restores anything).
+
+        With ``copy_to``, when this process needs each file it reads whole (a restart on the same
+        process count): the files are hashed (a folder's where they are, a store's objects into
+        the private local copies ``copy_to`` names) and nothing is read into a tensor; each array comes
+        back as a `DeferredArray` that fills the tensor of ``like`` in place once the manager
+        checked everything (no second copy of this process's shard). Otherwise fresh tensors,
+        as above.
 
         No collective (``no_dist=True``): each process plans its own reads from the shard files'
         headers. Run distributed, DCP would exchange its plans and metadata with torch's object
         collectives, which pickle and unpickle them; nothing on the load path unpickles. A
         failure here is this process's alone: the manager shares it in its next exchange."""
-        import torch.distributed.checkpoint as dcp
-
         from .storage import HashingReader
 
+        if copy_to is not None:  # a folder's files are read where they are (copy_to is for a store's)
+            reader = HashingReader(directory, defer=True, copy_to=copy_to if is_url(directory) else None)
+            _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
+            if reader.deferred:
+                return {key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()}, reader.hashed
         target = {key: torch.empty_like(value) for key, value in like.items()}
         reader = HashingReader(directory)
-        try:
-            dcp.load(target, storage_reader=reader, no_dist=True)
-        except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError, AssertionError, OSError) as err:
-            raise CheckpointError(f"{directory}: the sharded arrays cannot be read into this run's objects "
-                                  f"({_first_line(err)}); nothing was restored." + see("sharded-load-failed")) from err
+        _dcp_load(directory, target, reader)
         return target, reader.hashed
+
+
+def _dcp_load(directory: str, target: Dict[str, Any], reader: Any) -> None:
+    """``dcp.load`` of ``target`` through ``reader``, on this process alone; its failures as
+    `CheckpointError`s."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(target, storage_reader=reader, no_dist=True)
+    except (dcp.api.CheckpointException, RuntimeError, ValueError, KeyError, AssertionError, OSError) as err:
+        raise CheckpointError(f"{directory}: the sharded arrays cannot be read into this run's objects "
+                              f"({_first_line(err)}); nothing was restored." + see("sharded-load-failed")) from err
+
+
+class _FillInPlace(DeferredArray):
+    """A sharded tensor (``value``: the one the object holds) whose bytes were hashed in a first
+    pass: `make` reads them into its memory in place (`backends.torch.storage.fill`) and returns it."""
+
+    def __init__(self, value: Any, fills: List[Any]) -> None:
+        self._value, self._fills = value, fills
+        self.shape, self.dtype = tuple(value.shape), value.dtype
+
+    def make(self) -> Any:
+        from .storage import fill
+
+        fill(self._fills)
+        return self._value
 
 
 def _is_fsdp(model: Any) -> bool:

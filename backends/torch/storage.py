@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+import xxhash
 from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.checkpoint._hf_utils import _HFStorageInfo
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
@@ -33,13 +34,13 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from unified.checkpoint import safetensors_io
-from unified.checkpoint.store import headers_of, location_of
+from unified.checkpoint.store import headers_of, location_of, private_copy
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
 from .core import _SAFETENSORS_DTYPES, export_tensor
 
-__all__ = ["HashingWriter", "HashingReader"]
+__all__ = ["HashingWriter", "HashingReader", "Fill", "fill"]
 
 _TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
 # torch/distributed/checkpoint/_hf_utils.py: what its reader looks up in a file's __metadata__
@@ -56,6 +57,25 @@ def _done(value: Any) -> Future:
     future: Future = Future()
     future.set_result(value)
     return future
+
+
+# What a deferred load reads into one tensor: (file, byte offset, tensor, check). ``check`` is
+# None for a verified private copy (it cannot change); for a file read where it is, the entry's
+# xxh3 in the first pass and the file's identity then (`safetensors_io.identity`).
+Fill = Tuple[str, int, torch.Tensor, Optional[Tuple[str, Tuple[int, ...]]]]
+
+
+def fill(fills: List[Fill]) -> None:
+    """Read each fill's bytes into its tensor, in place: the second pass of a deferred load. A
+    file read where it is must be the one the first pass hashed (its identity), and each entry's
+    bytes must hash as they did then; otherwise `CheckpointError` (what was filled before stays)."""
+    for path, start, target, check in fills:
+        raw = export_tensor(target)[2]
+        if check is not None and safetensors_io.changed_since(path, check[1]):
+            raise CheckpointError(f"{path}: changed after it was verified." + see("changed-while-placed"))
+        safetensors_io.read_range_into(path, start, raw)
+        if check is not None and xxhash.xxh3_64_hexdigest(raw) != check[0]:
+            raise CheckpointError(f"{path}: changed while it was read into the live objects." + see("changed-while-placed"))
 
 
 class HashingWriter(HuggingFaceStorageWriter):
@@ -104,11 +124,22 @@ class HashingReader(HuggingFaceStorageReader):
         >>> dcp.load(fresh_tensors, storage_reader=reader); reader.hashed
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, defer: bool = False, copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> None:
         super().__init__(path)
         self.target = path  # a folder or an object store's URL (DCP's Path would mangle "s3://")
         self.store = location_of(path) if is_url(path) else None
         self.hashed: Dict[str, Dict[str, Any]] = {}
+        # defer: nothing is read into a tensor here. The files this process needs whole are hashed
+        # (a store's into private local copies, ``copy_to``), and `fills` says what to read from
+        # them into which tensor, by the state dict's key, once the load has checked everything
+        # (`Fill`). ``deferred`` is False when a file was needed otherwise: nothing was filled or
+        # copied, read the usual way.
+        if copy_to is not None and self.store is None:
+            raise ValueError("HashingReader: copy_to is for an object store's URL." + see("sharded-load-failed"))
+        self.defer = defer or copy_to is not None
+        self.copy_to = copy_to
+        self.fills: Dict[str, List[Fill]] = {}
+        self.deferred = False
         # on a store: each object's size and header (data start, entries), read by read_metadata
         self._headers: Dict[str, Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]] = {}
 
@@ -121,6 +152,9 @@ class HashingReader(HuggingFaceStorageReader):
         per_file: Dict[str, List[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        if self.defer:
+            self.deferred = self._defer_whole_files(per_file, planner)
+            return _done(None)
         sliced = [item for path, items in per_file.items() if not self._read_whole(path, items, planner) for item in items]
         if sliced and self.store is not None:
             self._read_slices_from_store(sliced, planner)
@@ -183,17 +217,61 @@ class HashingReader(HuggingFaceStorageReader):
                 target.copy_(piece)
                 planner.commit_tensor(item, target)
 
-    def _read_whole(self, path: str, items: List[ReadItem], planner: LoadPlanner) -> bool:
-        """Read ``path`` into the tensors ``items`` ask for when they take every entry of it
-        whole (the file is hashed in the same pass); False (nothing read) otherwise."""
+    def _defer_whole_files(self, per_file: Dict[str, List[ReadItem]], planner: LoadPlanner) -> bool:
+        """When this process needs every file the plan reads whole (a restart on the same process
+        count): each is hashed in a first pass that fills no tensor, and `fills` noted. A store's
+        object is streamed into a private local copy (`private_copy`); a folder's file is read
+        where it is, each entry hashed as well (`safetensors_io.hash_entries`), so that the second
+        pass checks every byte it puts in place. False, with nothing filled, otherwise (a file
+        needed only in slices or not fitting its tensors, no room for a copy)."""
+        plans = []
+        for path, items in per_file.items():
+            targets = self._whole_targets(path, items, planner)
+            if targets is None:
+                return False
+            size, start, entries = self._headers[path] if self.store is not None else safetensors_io.header_of_file(path)
+            fits = all(key in targets or 0 in shape for key, (_, shape, _, _) in entries.items()) \
+                and all(target.dtype in _SAFETENSORS_DTYPES and key in entries
+                        and export_tensor(target)[:2] == entries[key][:2] for key, (_, target) in targets.items())
+            local = (self.copy_to(path, size) if self.store is not None else path) if fits else None  # type: ignore[misc]
+            if local is None:
+                return False
+            plans.append((path, size, start, entries, targets, local))
+        for path, size, start, entries, targets, local in plans:
+            checks: Dict[str, Any] = {}
+            if self.store is not None:
+                got = private_copy(self.store, path, local, size, (start, entries))
+                if got is None:  # the local disk took no more: read the usual way
+                    self.fills.clear()
+                    return False
+            else:
+                got, digests, seen = safetensors_io.hash_entries(path, size, start, entries)
+                checks = {key: (digest, seen) for key, digest in digests.items()}
+            self.hashed[os.path.basename(path)] = got
+            for key, (item, target) in targets.items():
+                self.fills.setdefault(item.dest_index.fqn, []).append((local, start + entries[key][2], target, checks.get(key)))
+        return True
+
+    def _whole_targets(self, path: str, items: List[ReadItem], planner: LoadPlanner
+                       ) -> Optional[Dict[str, Tuple[ReadItem, torch.Tensor]]]:
+        """The tensors ``items`` ask to fill from ``path`` by entry, when each takes one entry
+        whole into contiguous CPU memory; None otherwise."""
         targets: Dict[str, Tuple[ReadItem, torch.Tensor]] = {}
         for item in items:
             info = self.storage_data[item.storage_index]
             whole = all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(info.shape)
             target = planner.resolve_tensor(item).detach()
             if not whole or item.storage_index.fqn in targets or not target.is_contiguous() or target.device.type != "cpu":
-                return False
+                return None
             targets[item.storage_index.fqn] = (item, target)
+        return targets
+
+    def _read_whole(self, path: str, items: List[ReadItem], planner: LoadPlanner) -> bool:
+        """Read ``path`` into the tensors ``items`` ask for when they take every entry of it
+        whole (the file is hashed in the same pass); False (nothing read) otherwise."""
+        targets = self._whole_targets(path, items, planner)
+        if targets is None:
+            return False
         filled = set()
 
         def destination(key: str, dtype: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optiona
 
 import numpy as np
 
-from ..backend import Backend, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
+from ..backend import Backend, DeferredArray, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
 from ..environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..errors import CheckpointError, failure_reason, see
@@ -203,6 +203,20 @@ class InPlace:
         return {name: np.lib.stride_tricks.as_strided(np.zeros(1, safetensors_io.numpy_dtype(dtype)), shape,
                                                       (0,) * len(shape), writeable=False)
                 for name, (dtype, shape) in self.described.items()}
+
+
+@dataclass
+class ShardedLater:
+    """An object's state whose sharded arrays a load makes and puts in place one at a time once
+    every check passed (`CheckpointManager._place_sharded`): its verified unsharded arrays, and
+    its own sharded ones (`DeferredArray`s, or arrays the reader made already)."""
+
+    arrays: Dict[str, Any]
+    sharded: Dict[str, Any]
+
+    def undecoded(self, structure: Any) -> Any:
+        """The state with the deferred arrays in the arrays' places (for the checks before)."""
+        return codec.decode(structure, {**self.arrays, **self.sharded}, lambda a: a, ready=self.sharded.keys())
 
 
 def _described(arrays: Dict[str, np.ndarray]) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -915,6 +929,7 @@ class CheckpointManager:
             self._raise_shared(directory, failure, "load_state (resumable)")
         by_hooks = set(before_restore(self._hook_copy or directory))
         self._read_in_place(directory, manifest, {n: v for n, v in states.items() if n not in by_hooks}, states)
+        self._place_sharded(directory, manifest, {n: v for n, v in states.items() if n not in by_hooks}, states)
         hook_saved = set(manifest.get("hook_objects", ()))
         left = sorted(hook_saved - by_hooks)
         if left:
@@ -951,6 +966,8 @@ class CheckpointManager:
             state = states[entry.name]
             if isinstance(state, InPlace):  # not read yet: its arrays' dtypes and shapes, no values
                 state = codec.decode(manifest["structures"][entry.name], state.placeholders(), lambda a: a)
+            elif isinstance(state, ShardedLater):  # its sharded arrays not made yet
+                state = state.undecoded(manifest["structures"][entry.name])
             try:
                 entry.check(state, saved_processes)
             except (KeyError, ValueError, TypeError) as err:
@@ -967,9 +984,9 @@ class CheckpointManager:
         The backend's reader (Orbax) opens the sharded files itself, after they were verified:
         when any of them changed meanwhile (``verified`` holds their identities), what it read may
         not be what was verified, and nothing is restored, on any process."""
-        current: Dict[str, Any] = {}
-        for entry in self.entries:
-            current.update(codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
+        encoded = {entry.name: codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1] for entry in self.entries}
+        current = {name: value for arrays in encoded.values() for name, value in arrays.items()}
+        owner = {name: entry for entry, arrays in encoded.items() for name in arrays}  # array -> its object
         names = manifest["sharded"]
         missing = [n for n in names.values() if n not in current]
         if missing:
@@ -982,8 +999,11 @@ class CheckpointManager:
         hashes: Dict[str, Any] = {}
         read_error: Optional[BaseException] = None
         try:
-            restored, hashes = self.sharding.load_sharded_hashed(root, like) if hashing else \
-                (self.sharding.load_sharded(root, like), {})
+            # a load in two passes (see `_place_sharded`) unless every array is below the size read in place
+            bounded = any(int(getattr(value, "nbytes", 0)) >= in_place_min_bytes() for value in like.values())
+            restored, hashes = self.sharding.load_sharded_hashed(root, like, copy_to=self._copy_for if bounded else None) \
+                if hashing else (self.sharding.load_sharded(root, like), {})
+            del like, current, encoded  # a live array replaced later is freed then (`_place_sharded`)
         except Exception as err:
             try:
                 self._refuse_changed(verified)  # the likelier cause of its error
@@ -1002,8 +1022,54 @@ class CheckpointManager:
                 failure = err
             self._raise_shared(directory, failure, "load_state (sharded files unchanged)")
         by_name = {names[k]: v for k, v in restored.items()}
-        return {entry.name: self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
+        later = {owner[n] for n, v in by_name.items() if isinstance(v, DeferredArray)}
+        return {entry.name: ShardedLater(files[entry.name], {n: v for n, v in by_name.items() if owner[n] == entry.name})
+                if entry.name in later else self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
                 for entry in self.entries if entry.name in files}
+
+    def _place_sharded(self, directory: str, manifest: Dict[str, Any], candidates: Dict[str, Any],
+                       states: Dict[str, Any]) -> None:
+        """After every check passed on every process (collective): each sharded array a reader
+        deferred (`DeferredArray`) is made and put in place of the live one at once
+        (`Replaceable.adopt`: the old one is freed before the next is made), so a load holds
+        one array beyond the live state instead of a second copy of this process's part of it;
+        ``states`` then holds the decoded states. A failure (out of memory, the local copy
+        unreadable) is reported on every process as a partial restore. ``candidates``: the
+        states of the objects that no load-state hook restored itself."""
+        later = {name: state for name, state in candidates.items() if isinstance(state, ShardedLater)}
+        if not later:
+            return
+        failure: Optional[BaseException] = None
+        by_name = {entry.name: entry for entry in self.entries}
+        for name, pending in later.items():
+            entry = by_name[name]
+            tree = entry.replaceable()
+            handles = {} if tree is None else codec.encode(tree, lambda x: isinstance(x, Replaceable), entry.name)[1]
+            sharded = dict(pending.sharded)
+            try:
+                for key in sorted(sharded):
+                    value = sharded[key]
+                    if not isinstance(value, DeferredArray):
+                        continue
+                    sharded[key] = value = value.make()
+                    if key in handles:  # else the object takes it with the rest of its state
+                        handles[key].adopt(value)
+                        sharded[key] = handles[key].current()
+                    del value
+            except (CheckpointError, OSError) as err:
+                failure = CheckpointError(f"{directory}: a sharded file changed or could not be read while {name} was "
+                                          f"read into place, after it was verified ({err}); the objects now hold part "
+                                          "of this checkpoint: load it (or another) again before training."
+                                          + see("changed-while-placed"))
+                break
+            except Exception as err:  # noqa: BLE001 - a replacement failed (out of memory...): every process hears it
+                failure = CheckpointError(f"{directory}: restoring the sharded arrays of {name} failed after they were "
+                                          f"verified ({type(err).__name__}: {err}); the objects now hold part of this "
+                                          "checkpoint: free memory, then load it (or another) again before training."
+                                          + see("placing-failed"))
+                break
+            states[name] = self._decode(entry, manifest["structures"][name], pending.arrays, sharded)
+        self._raise_shared(directory, failure, "load_state (sharded arrays placed)")
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
                            identities: Dict[str, Tuple[int, ...]], read_error: Optional[BaseException] = None) -> None:

@@ -312,6 +312,22 @@ def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict
     return {key: (dtype, shape) for key, (dtype, shape, _, _) in _header_at(read_at, path, size)[2].items()}
 
 
+def header_of_file(path: str) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
+    """A regular file's size, then `header_of`'s data start and entries (never a link, FIFO or device).
+
+    Example:
+        >>> header_of_file("model.safetensors")
+        (140, 80, {'w': ('F32', (3,), 0, 12)})
+    """
+    fd = _open_for_reading(path)
+    try:
+        size = os.fstat(fd).st_size
+        start, entries, _ = header_of(lambda at, count: os.pread(fd, count, at), path, size)
+    finally:
+        os.close(fd)
+    return size, start, entries
+
+
 def describe_file(path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
     """`describe` of a regular file (never a link, FIFO or device)."""
     fd = _open_for_reading(path)
@@ -615,6 +631,64 @@ def read_into(path: str, destination: Callable[[str, str, Tuple[int, ...]], Opti
     finally:
         os.close(fd)
     return {"size": size, "xxh3": digest.hexdigest()}
+
+
+def hash_entries(path: str, size: int, data_start: int, entries: Mapping[str, Tuple[str, Tuple[int, ...], int, int]]
+                 ) -> Tuple[Dict[str, object], Dict[str, str], Tuple[int, ...]]:
+    """One pass over the regular file ``path`` through a bounded buffer: its ``{"size", "xxh3"}``
+    (for the manifest's), the xxh3 of each entry's bytes (``entries`` and ``data_start`` as
+    `header_of` gives them), and the file's identity before the pass (`identity`). A sharded
+    load's first pass over a file it later reads into the live tensors entry by entry, checking
+    each against these.
+
+    Example:
+        >>> start, entries, _ = header_of(read_at, path, size)
+        >>> whole, per_entry, seen = hash_entries(path, size, start, entries)
+    """
+    spans = sorted((data_start + begin, data_start + end, key) for key, (_, _, begin, end) in entries.items())
+    digests = {key: xxhash.xxh3_64() for key in entries}
+    whole, buffer = xxhash.xxh3_64(), bytearray(min(_READ_CHUNK, max(size, 1)))
+    fd = _open_for_reading(path)
+    try:
+        seen = identity(os.fstat(fd))
+        view, at, first = memoryview(buffer), 0, 0
+        while at < size:
+            count = os.preadv(fd, [view[:min(len(view), size - at)]], at)
+            if not count:
+                raise _ended(fd, path, size)
+            chunk = view[:count]
+            whole.update(chunk)
+            while first < len(spans) and spans[first][1] <= at:
+                first += 1
+            for begin, end, key in spans[first:]:
+                if begin >= at + count:
+                    break
+                digests[key].update(chunk[max(begin - at, 0):min(end - at, count)])
+            at += count
+        total = at + len(os.pread(fd, 1, at))  # a file longer than ``size``: its size differs
+    finally:
+        os.close(fd)
+    return {"size": total, "xxh3": whole.hexdigest()}, {key: d.hexdigest() for key, d in digests.items()}, seen
+
+
+def read_range_into(path: str, start: int, out: np.ndarray) -> None:
+    """``out.nbytes`` bytes of the file ``path`` from byte ``start`` into ``out`` (contiguous),
+    without a copy: a sharded load's second pass over its verified private copy.
+
+    Example:
+        >>> out = private_array(np.dtype(np.float32), (1024,))
+        >>> read_range_into("/tmp/unified-load-x/0.safetensors", 80, out)
+    """
+    view, got = memoryview(out.reshape(-1).view(np.uint8)), 0
+    fd = _open_for_reading(path)
+    try:
+        while got < len(view):
+            count = os.preadv(fd, [view[got:]], start + got)
+            if not count:
+                raise CheckpointError(f"{path}: ended before byte {start + len(view)}." + see("file-ended"))
+            got += count
+    finally:
+        os.close(fd)
 
 
 def checksum_mismatch(path: str) -> CheckpointError:

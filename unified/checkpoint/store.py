@@ -364,10 +364,19 @@ class ObjectStore:
                 copy.close()
 
     def _stream_verified(self, path: str, size: int, checksum: str, each: Any) -> Any:
-        """Stream the object through one bounded buffer, hashing it and handing each chunk to
-        ``each(offset, chunk)``; compares size and xxh3 with the manifest's and returns the ETag."""
+        """`_stream`, then compares size and xxh3 with the manifest's; returns the ETag."""
         identity = self.identity(path, size)
-        digest, buffer = xxhash.xxh3_64(), bytearray(min(PART_BYTES, max(size, 1)))
+        got = self._stream(path, min(PART_BYTES, max(size, 1)), each)
+        if got["size"] != size:
+            raise safetensors_io.size_mismatch(path, got["size"], size)
+        if got["xxh3"] != checksum:
+            raise safetensors_io.checksum_mismatch(path)
+        return identity
+
+    def _stream(self, path: str, buffer_bytes: int, each: Any) -> Dict[str, object]:
+        """Stream the object through one bounded buffer, hashing it and handing each chunk to
+        ``each(offset, chunk)``; its size and xxh3."""
+        digest, buffer = xxhash.xxh3_64(), bytearray(buffer_bytes)
         view, total = memoryview(buffer), 0
         with _reaching(path, "reading", CheckpointError), self._open(path) as handle:
             while True:
@@ -377,11 +386,7 @@ class ObjectStore:
                 each(total, view[:count])
                 digest.update(view[:count])
                 total += count
-        if total != size:
-            raise safetensors_io.size_mismatch(path, total, size)
-        if digest.hexdigest() != checksum:
-            raise safetensors_io.checksum_mismatch(path)
-        return identity
+        return {"size": total, "xxh3": digest.hexdigest()}
 
     def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
         head = self._heads.get(path, b"")
@@ -458,8 +463,54 @@ class ObjectStore:
         with open(local, "xb") as target:
             self._stream_verified(url, size, checksum, lambda at, chunk: target.write(chunk))
 
+    def copy(self, url: str, local: str) -> Dict[str, object]:
+        """Stream ``url`` into the new local file ``local`` through one bounded buffer, hashing it
+        in the same pass; its size and xxh3, for the caller to compare.
+
+        Example:
+            >>> ObjectStore("s3://bucket/run").copy("s3://bucket/run/x.safetensors", "/tmp/copy/x.safetensors")
+            {'size': 4200, 'xxh3': '...'}
+        """
+        with open(local, "xb") as target:
+            return self._stream(url, PART_BYTES, lambda at, chunk: target.write(chunk))
+
 
 Header = Tuple[int, Dict[str, Tuple[str, Tuple[int, ...], int, int]], Dict[str, str]]  # safetensors_io.header_of
+
+
+def private_copy(store: ObjectStore, url: str, local: str, size: int,
+                 planned: Tuple[int, Mapping[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Optional[Dict[str, object]]:
+    """A sharded reader's first pass over an object it needs whole: streamed into the new file
+    ``local`` of a private folder through one bounded buffer, hashed (the caller compares the
+    size and xxh3 returned with the manifest's before anything is restored; the copy, private,
+    cannot change after). None where the local disk took no more (the copy is removed: the
+    caller reads the object into memory instead). ``planned``: the data start and entries of the
+    header the caller planned its reads from (`safetensors_io.header_of`); a copy laid out
+    otherwise is refused (the object changed in between).
+
+    Example:
+        >>> start, entries, _ = header      # as `headers_of` gave it
+        >>> private_copy(store, url, "/tmp/unified-load-x/0.safetensors", size, (start, entries))
+        {'size': 8400, 'xxh3': '...'}
+    """
+    try:
+        got = store.copy(url, local)
+    except CheckpointError:
+        raise
+    except OSError:  # the local disk's (full), not the store's: those are CheckpointErrors
+        with contextlib.suppress(OSError):
+            os.remove(local)
+        return None
+    if got["size"] == size:
+        fd = os.open(local, os.O_RDONLY)
+        try:
+            start, entries, _ = safetensors_io.header_of(lambda at, count: os.pread(fd, count, at), url, size)
+        finally:
+            os.close(fd)
+        if (start, entries) == (planned[0], dict(planned[1])):
+            return got
+    raise CheckpointError(f"{url}: changed while it was read (its entries are not those its header listed "
+                          "before); nothing was restored." + see("file-ended"))
 
 
 def headers_of(paths: Sequence[str], size_of: Callable[[str], int],

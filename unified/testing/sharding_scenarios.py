@@ -533,7 +533,9 @@ def shard_store_round_trip(_: dict) -> dict:
     acc.save_state(f"{target}_async", async_save=True)
     _train(setup, acc, 1, first=STEPS + 1)  # while the background uploads
     acc.wait_for_checkpoint()
-    acc.load_state(target)
+    with _counting_deferred_makes(acc) as counts:
+        acc.load_state(target)
+    out["deferred"] = counts
     out.update(sync_params=_equal(setup.full_params(), params), sync_optimizer=_equal(setup.full_optimizer(), optimizer))
     acc.load_state(f"{target}_async")
     out.update(async_params=_equal(setup.full_params(), later_params),
@@ -548,6 +550,36 @@ def shard_store_round_trip(_: dict) -> dict:
                                 for name in out["objects"] if name.startswith(_sharded_dir_name(manifest))})
     acc.wait_for_everyone()
     return out
+
+
+@contextlib.contextmanager
+def _counting_deferred_makes(acc: Accelerator):
+    """Within the block, the arrays the backend's sharded reader defers (`DeferredArray`) count
+    the times they are made: ``{"returned": n, "made": [times per array]}``."""
+    from unified.backend import DeferredArray
+
+    backend, counts = acc._backend, {"returned": 0, "made": []}
+    reader = backend.load_sharded_hashed
+
+    class Counted(DeferredArray):
+        def __init__(self, inner: DeferredArray) -> None:
+            self.inner, self.shape, self.dtype, self.index = inner, inner.shape, inner.dtype, len(counts["made"])
+            counts["made"].append(0)
+
+        def make(self) -> Any:
+            counts["made"][self.index] += 1
+            return self.inner.make()
+
+    def counting(directory, like, copy_to=None):
+        arrays, hashes = reader(directory, like, copy_to=copy_to)
+        counts["returned"] += sum(isinstance(v, DeferredArray) for v in arrays.values())
+        return {k: Counted(v) if isinstance(v, DeferredArray) else v for k, v in arrays.items()}, hashes
+
+    backend.load_sharded_hashed = counting
+    try:
+        yield counts
+    finally:
+        backend.__dict__.pop("load_sharded_hashed", None)
 
 
 def _sharded_dir_name(manifest: Dict[str, Any]) -> str:
@@ -664,7 +696,7 @@ def shard_damaged(_: dict) -> dict:
     out["read_apart"] = bool(getattr(backend, "hashes_while_reading", False))
     if out["read_apart"]:
         if acc.process_index == acc.num_processes - 1:
-            def failing(directory, like):
+            def failing(directory, like, copy_to=None):
                 raise unified.CheckpointError(f"{directory}: injected read failure")
             backend.load_sharded_hashed = failing
         started = time.monotonic()

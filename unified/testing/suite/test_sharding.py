@@ -204,6 +204,9 @@ def test_sharded_state_on_an_object_store_saves_every_process_s_own_objects_and_
             continue
         assert r["sync_params"] and r["sync_optimizer"]
         assert r["async_params"] and r["async_optimizer"]  # the state of the call, not of the step after it
+        # an array the reader deferred is made once, when the load puts it in place (made for every
+        # object it was: a second copy of the process's shard at the peak)
+        assert r["deferred"]["made"] == [1] * r["deferred"]["returned"]
     main = rows[0]
     if main["supported"]:
         assert main["owners"] == [0, 1]  # every process wrote its own shard objects

@@ -1,0 +1,111 @@
+"""torch's sharded reader in bounded memory (issue 29, `backends/torch/storage.py`): the files a
+process needs whole are hashed in a first pass that writes no tensor (a store's objects into
+private local copies, a folder's files where they are, entry by entry too); each array comes
+back deferred and fills the live tensor in place when made, refusing a folder's file that
+changed since. On a store without room for a copy the reader fills fresh tensors as before and
+leaves the live ones alone."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from backends.torch.sharding import TorchSharding  # noqa: E402
+from backends.torch.storage import HashingWriter  # noqa: E402
+from unified.backend import DeferredArray  # noqa: E402
+from unified.errors import CheckpointError  # noqa: E402
+from unified.testing.object_store import missing_store_packages, s3_server  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+SAVED = {"w": torch.arange(6 * 1024, dtype=torch.float32).reshape(6, 1024), "b": torch.arange(7, dtype=torch.bfloat16)}
+
+
+def _zeros():
+    return {k: torch.zeros_like(v) for k, v in SAVED.items()}
+
+
+def _save(where: str):
+    writer = HashingWriter(where)
+    dcp.save(dict(SAVED), storage_writer=writer, no_dist=True)
+    return writer.written
+
+
+@pytest.fixture(scope="module")
+def store():
+    if missing_store_packages():
+        pytest.skip(missing_store_packages())
+    with s3_server() as server:
+        url = server.bucket() + "/sharded.dcp"
+        yield url, _save(url)
+
+
+def test_objects_read_whole_are_copied_hashed_and_fill_the_live_tensors_in_place_when_made(store, tmp_path):
+    url, written = store
+    like, asked = _zeros(), []
+
+    def copy_to(path, size):
+        asked.append(os.path.basename(path))
+        return str(tmp_path / f"copy-{len(asked)}")
+
+    arrays, hashed = TorchSharding().load_sharded_hashed(url, like, copy_to=copy_to)
+    assert hashed == written and asked == sorted(written)
+    assert all(isinstance(v, DeferredArray) for v in arrays.values()) and sorted(arrays) == ["b", "w"]
+    assert all(not v.any() for v in like.values())  # nothing written before the load puts them in place
+    for key, value in arrays.items():
+        made = value.make()
+        assert made is like[key] and torch.equal(made, SAVED[key])
+
+
+def test_without_room_for_a_copy_fresh_tensors_are_filled_and_the_live_ones_left_alone(store):
+    url, written = store
+    like = _zeros()
+    arrays, hashed = TorchSharding().load_sharded_hashed(url, like, copy_to=lambda path, size: None)
+    assert hashed == written and not any(isinstance(v, DeferredArray) for v in arrays.values())
+    assert all(torch.equal(arrays[k], SAVED[k]) and arrays[k] is not like[k] for k in SAVED)
+    assert all(not v.any() for v in like.values())
+
+
+def test_without_a_bounded_load_asked_for_a_folder_is_read_into_fresh_tensors(tmp_path):
+    folder = str(tmp_path / "sharded.dcp")
+    written = _save(folder)
+    like = _zeros()
+    arrays, hashed = TorchSharding().load_sharded_hashed(folder, like)
+    assert hashed == written and not any(isinstance(v, DeferredArray) for v in arrays.values())
+    assert all(torch.equal(arrays[k], SAVED[k]) for k in SAVED) and all(not v.any() for v in like.values())
+
+
+def test_a_folder_s_files_are_hashed_where_they_are_and_fill_the_live_tensors_in_place_when_made(tmp_path):
+    folder = str(tmp_path / "sharded.dcp")
+    written = _save(folder)
+    like = _zeros()
+    arrays, hashed = TorchSharding().load_sharded_hashed(folder, like, copy_to=lambda path, size: str(tmp_path / "x"))
+    assert hashed == written and all(isinstance(v, DeferredArray) for v in arrays.values())
+    assert all(not v.any() for v in like.values()) and not os.path.exists(tmp_path / "x")  # no copy of a folder's file
+    for key, value in arrays.items():
+        made = value.make()
+        assert made is like[key] and torch.equal(made, SAVED[key])
+
+
+@pytest.mark.parametrize("identity_tells", [True, False])
+def test_a_folder_s_file_that_changed_after_the_first_pass_is_refused_when_made(tmp_path, monkeypatch, identity_tells):
+    from unified.checkpoint import safetensors_io
+
+    folder = str(tmp_path / "sharded.dcp")
+    _save(folder)
+    like = _zeros()
+    arrays, _ = TorchSharding().load_sharded_hashed(folder, like, copy_to=lambda path, size: None)
+    (name,) = os.listdir(folder)
+    with open(os.path.join(folder, name), "r+b") as handle:  # the last byte of the last entry
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+    if not identity_tells:  # a file system whose times are too coarse to show it: the bytes tell
+        monkeypatch.setattr(safetensors_io, "changed_since", lambda path, seen: False)
+    with pytest.raises(CheckpointError, match="changed after it was verified" if identity_tells else "changed while"):
+        for value in arrays.values():
+            value.make()
