@@ -2,8 +2,6 @@
 backends share, so that no backend imports another (tests/unit/test_backend_shape.py):
 
 - numbering, handle leaks and timeout errors, for every backend;
-- `return_free_heap`: the C heap's free memory handed back to the system (a JAX load that
-  replaces arrays one at a time; the benchmarks' peak-memory readings);
 - `prepare_torch_loader`: torch DataLoaders prepared by `unified` (the user's dataset, workers,
   collate function and sampler, with our sharding, positions and resume), used by every backend
   that adapts them (the torch backend, and a JAX run that yields ``jax.Array`` batches from the
@@ -13,7 +11,6 @@ backends share, so that no backend imports another (tests/unit/test_backend_shap
 from __future__ import annotations
 
 import ctypes
-import functools
 import itertools
 import zlib
 from typing import Any, Optional, Sequence, Tuple
@@ -25,26 +22,6 @@ from unified.errors import BackendUnavailable, BarrierTimeout, first_line, see
 # Processes create their Accelerators in the same order, so numbering the backends of one
 # process keeps two Accelerators' rendezvous keys apart and equal across processes.
 _INSTANCES = itertools.count()
-
-
-@functools.lru_cache(maxsize=1)
-def _libc_malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (OSError, AttributeError):
-        return None
-
-
-def return_free_heap() -> None:
-    """glibc's ``malloc_trim(0)``: the heap's free memory goes back to the system; nothing where
-    the C library has no such call.
-
-    Example:
-        >>> return_free_heap()
-    """
-    trim = _libc_malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def next_instance() -> int:

@@ -537,7 +537,7 @@ def _measured(fn: Callable[[], Any]) -> Dict[str, float]:
     sampling thread beside the timed call). "After" is read once the C heap handed its free
     memory back (`return_free_heap`): the arrays a JAX load replaced are freed but glibc keeps their
     memory, which would otherwise count as live state and hide the load's second copy."""
-    from backends.common import return_free_heap
+    from unified.libc import return_free_heap
     from memory import status_bytes
 
     with PeakMemory(anonymous=False) as memory:

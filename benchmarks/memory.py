@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from backends.common import return_free_heap  # the repository's root is on sys.path (see above)
+from unified.libc import return_free_heap  # the repository's root is on sys.path (see above)
 
 __all__ = ["PeakMemory", "status_bytes"]
 

@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from backends.common import keep_alive_forever, next_instance, return_free_heap
+from backends.common import keep_alive_forever, next_instance
 from unified.backend import ArrayCollectives, Backend, DeviceMesh, KeyStream, Replaceable, TrainingObjects
 from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see
+from unified.libc import return_free_heap
 from unified.network import route_to
 
 from . import private

@@ -310,13 +310,14 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         failure here is this process's alone: the manager shares it in its next exchange."""
         from .storage import HashingReader
 
+        reader = HashingReader(directory)
         if copy_to is not None:  # a folder's files are read where they are (copy_to is for a store's)
             reader = HashingReader(directory, defer=True, copy_to=copy_to if is_url(directory) else None)
             _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
             if reader.deferred:
                 return {key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()}, reader.hashed
+            reader.defer = False  # the same reader (a store's headers are not asked for again)
         target = {key: torch.empty_like(value) for key, value in like.items()}
-        reader = HashingReader(directory)
         _dcp_load(directory, target, reader)
         return target, reader.hashed
 

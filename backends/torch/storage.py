@@ -142,11 +142,15 @@ class HashingReader(HuggingFaceStorageReader):
         self.deferred = False
         # on a store: each object's size and header (data start, entries), read by read_metadata
         self._headers: Dict[str, Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]] = {}
+        self._metadata: Optional[Metadata] = None
 
     def read_metadata(self) -> Metadata:
         if self.store is None:
             return super().read_metadata()
-        return self._store_metadata()
+        if self._metadata is None:  # once per reader: a deferred load that falls back reads again with it
+            self._metadata = self._store_metadata()
+        self._metadata.storage_meta.load_id = self.load_id  # type: ignore[union-attr]
+        return self._metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
         per_file: Dict[str, List[ReadItem]] = {}
@@ -233,16 +237,18 @@ class HashingReader(HuggingFaceStorageReader):
             fits = all(key in targets or 0 in shape for key, (_, shape, _, _) in entries.items()) \
                 and all(target.dtype in _SAFETENSORS_DTYPES and key in entries
                         and export_tensor(target)[:2] == entries[key][:2] for key, (_, target) in targets.items())
-            local = (self.copy_to(path, size) if self.store is not None else path) if fits else None  # type: ignore[misc]
-            if local is None:
+            if not fits:
                 return False
-            plans.append((path, size, start, entries, targets, local))
-        for path, size, start, entries, targets, local in plans:
+            plans.append((path, size, start, entries, targets))
+        for path, size, start, entries, targets in plans:
             checks: Dict[str, Any] = {}
-            if self.store is not None:
-                got = private_copy(self.store, path, local, size, (start, entries))
-                if got is None:  # the local disk took no more: read the usual way
+            local = path
+            if self.store is not None:  # asked just before each copy: the disk's room after the ones before
+                local = self.copy_to(path, size)  # type: ignore[misc]
+                got = private_copy(self.store, path, local, size, (start, entries)) if local is not None else None
+                if got is None:  # no room on the local disk: read the usual way
                     self.fills.clear()
+                    self.hashed.clear()
                     return False
             else:
                 got, digests, seen = safetensors_io.hash_entries(path, size, start, entries)

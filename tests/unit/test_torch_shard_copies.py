@@ -16,6 +16,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 from backends.torch.sharding import TorchSharding  # noqa: E402
 from backends.torch.storage import HashingWriter  # noqa: E402
 from unified.backend import DeferredArray  # noqa: E402
+from unified.checkpoint.store import headers_of  # noqa: E402
 from unified.errors import CheckpointError  # noqa: E402
 from unified.testing.object_store import missing_store_packages, s3_server  # noqa: E402
 
@@ -60,10 +61,14 @@ def test_objects_read_whole_are_copied_hashed_and_fill_the_live_tensors_in_place
         assert made is like[key] and torch.equal(made, SAVED[key])
 
 
-def test_without_room_for_a_copy_fresh_tensors_are_filled_and_the_live_ones_left_alone(store):
+def test_without_room_for_a_copy_fresh_tensors_are_filled_and_the_live_ones_left_alone(store, monkeypatch):
+    from backends.torch import storage
+
     url, written = store
-    like = _zeros()
+    like, asked = _zeros(), []
+    monkeypatch.setattr(storage, "headers_of", lambda paths, *rest: asked.append(paths) or headers_of(paths, *rest))
     arrays, hashed = TorchSharding().load_sharded_hashed(url, like, copy_to=lambda path, size: None)
+    assert len(asked) == 1  # the objects' headers asked for once, though the load planned twice
     assert hashed == written and not any(isinstance(v, DeferredArray) for v in arrays.values())
     assert all(torch.equal(arrays[k], SAVED[k]) and arrays[k] is not like[k] for k in SAVED)
     assert all(not v.any() for v in like.values())

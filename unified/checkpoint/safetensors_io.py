@@ -757,18 +757,16 @@ def _madvise_where_huge_pages_are_asked_for() -> Optional[Callable[..., int]]:
     the first large allocation, not at import."""
     import ctypes
 
+    from ..libc import c_function
+
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:
             if "[madvise]" not in handle.read():
                 return None
     except OSError:
         return None
-    try:
-        call = ctypes.CDLL(None).madvise  # the C library's (Linux: whenever the policy file exists)
-    except (OSError, AttributeError):
-        return None
-    call.argtypes, call.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
-    return call
+    # the C library's (Linux: whenever the policy file exists)
+    return c_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int)
 
 
 def _without_numpys_huge_pages(array: np.ndarray) -> None:
