@@ -411,6 +411,14 @@ class ShardedArrays(abc.ABC):
         """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective. The
         manager has checked every file before (a backend without ``hashes_while_reading``)."""
 
+    def load_sharded_deferred(self, directory: str, like: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """`load_sharded` in bounded memory, or None (the default: not offered): nothing read yet,
+        each array a `DeferredArray` that reads it when made (a collective when the reader's are:
+        every process makes them in the same order, ``like``'s, which the reader may group its
+        reads by). The manager checked every file before and checks them again after the last
+        is made."""
+        return None
+
     def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
                             copy_to: Optional[Callable[[str, int], Optional[str]]] = None
                             ) -> Tuple[Dict[str, Any], FileHashes]:

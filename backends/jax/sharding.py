@@ -158,6 +158,15 @@ class JaxSharding(ShardedTraining, ShardedArrays):
         with ocp.StandardCheckpointer() as checkpointer:
             return dict(checkpointer.restore(os.path.abspath(directory), target))
 
+    def load_sharded_deferred(self, directory: str, like: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        """Orbax's files from a folder, restored a group of arrays at a time (`OrbaxGroups`) as the
+        load makes them; None for `write_shards`' files (read at once by `load_sharded`)."""
+        from .storage import OrbaxGroups, holds_shard_files
+
+        if holds_shard_files(directory):
+            return None
+        return OrbaxGroups(os.path.abspath(directory), like).deferred()
+
     def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
                             copy_to: Optional[Callable[[str, int], Optional[str]]] = None
                             ) -> Tuple[Dict[str, Any], FileHashes]:

@@ -36,7 +36,7 @@ from unified.config import is_url
 from unified.errors import CheckpointError, see
 
 __all__ = ["uncompressed_pytree_handler", "SHARD_FILE", "holds_shard_files", "own_pieces", "write_shards",
-           "read_shards"]
+           "read_shards", "OrbaxGroups"]
 
 SHARD_FILE = re.compile(r"shard-(\d{5})\.safetensors")  # process i writes shard-0000i.safetensors
 _SHARDS_INFO = "UNIFIED_SHARDS"  # __metadata__: {entry: {"array", "offsets", "global_shape"}}
@@ -47,6 +47,59 @@ def uncompressed_pytree_handler(ocp: Any) -> Any:
     (``use_compression``, not in orbax-checkpoint 0.11.17); its default otherwise."""
     accepted = inspect.signature(ocp.PyTreeCheckpointHandler.__init__).parameters
     return ocp.PyTreeCheckpointHandler(**({"use_compression": False} if "use_compression" in accepted else {}))
+
+
+# -- Orbax's files in a folder, restored a few arrays at a time --------------------------------------------
+class OrbaxGroups:
+    """Orbax's sharded files in ``directory``, restored in groups of consecutive arrays of
+    ``like`` (about ``group_bytes`` of this process's part each: one Orbax call, a collective,
+    per group) instead of all at once: `deferred` gives a `DeferredArray` per array, and making
+    the first array of a group restores the group. Made in ``like``'s order, a load holds one
+    group beyond the live state instead of a second copy of the process's part of it."""
+
+    GROUP_BYTES = 64 << 20
+
+    def __init__(self, directory: str, like: Mapping[str, Any], group_bytes: int = GROUP_BYTES) -> None:
+        import jax
+
+        self.directory = directory
+        self.targets = {key: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for key, v in like.items()}
+        self.group_of: Dict[str, int] = {}
+        self.groups: List[List[str]] = [[]]
+        held = 0
+        for key, value in like.items():
+            own = sum(int(shard.data.nbytes) for shard in value.addressable_shards)
+            if self.groups[-1] and held + own > group_bytes:
+                self.groups.append([])
+                held = 0
+            self.groups[-1].append(key)
+            self.group_of[key] = len(self.groups) - 1
+            held += own
+        self._restored: Dict[str, Any] = {}
+
+    def deferred(self) -> Dict[str, "DeferredArray"]:
+        return {key: _FromOrbax(self, key) for key in self.targets}
+
+    def take(self, key: str) -> Any:
+        """The array ``key``: restored with its group when not yet (the group's others kept until taken)."""
+        if key not in self._restored:
+            import orbax.checkpoint as ocp
+
+            subset = {k: self.targets[k] for k in self.groups[self.group_of[key]]}
+            with ocp.Checkpointer(uncompressed_pytree_handler(ocp)) as checkpointer:
+                self._restored.update(checkpointer.restore(self.directory, args=ocp.args.PyTreeRestore(
+                    item=subset, restore_args=ocp.checkpoint_utils.construct_restore_args(subset),
+                    partial_restore=True)))
+        return self._restored.pop(key)
+
+
+class _FromOrbax(DeferredArray):
+    def __init__(self, groups: OrbaxGroups, key: str) -> None:
+        self._groups, self._key = groups, key
+        self.shape, self.dtype = tuple(groups.targets[key].shape), groups.targets[key].dtype
+
+    def make(self) -> Any:
+        return self._groups.take(self._key)
 
 
 # -- writing ----------------------------------------------------------------------------------------------

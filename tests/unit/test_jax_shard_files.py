@@ -90,6 +90,23 @@ def lone_file(about):  # one piece of w (its first two rows) described by ``abou
 out["undescribed"] = refused({"w": same["w"]}, lone_file({}))
 out["outside"] = refused({"w": same["w"]}, lone_file({"w@0,0": {"array": "w", "offsets": [7, 0], "global_shape": [8, 6]}}))
 
+# Orbax's files in a folder, restored a group at a time as the load makes the arrays (issue 29)
+import orbax.checkpoint as ocp
+from backends.jax.storage import OrbaxGroups, uncompressed_pytree_handler
+orbax_dir = os.path.join(tempfile.mkdtemp(), "sharded.orbax")
+ocp.Checkpointer(uncompressed_pytree_handler(ocp)).save(orbax_dir, args=ocp.args.PyTreeSave(dict(saved)))
+groups = OrbaxGroups(orbax_dir, same)
+one_each = OrbaxGroups(orbax_dir, same, group_bytes=1)
+deferred = one_each.deferred()
+before = sorted(one_each._restored)
+first = deferred["w"].make()
+out["orbax"] = {"groups": groups.groups, "one_each": one_each.groups, "before": before,
+                "after_first": sorted(one_each._restored), "w": np.array_equal(np.asarray(first), w),
+                "placed": first.sharding == same["w"].sharding}
+second = deferred["b"].make()
+out["orbax"]["b"] = np.array_equal(np.asarray(second).astype(np.float32), b.astype(np.float32))
+out["orbax"]["left"] = sorted(one_each._restored)
+
 # On an object store with private local copies (issue 29): the file this process reads whole is
 # streamed into the copy, hashed; its arrays come back deferred (no memory of their own yet) and
 # are made, exact and placed, one at a time when the load restores them.
@@ -162,6 +179,14 @@ def test_on_a_store_the_file_read_whole_goes_to_a_private_copy_and_its_arrays_ar
     assert store["exact"] and store["placed"]
     assert store["sliced"] == {"deferred": [], "exact": True, "hashed": {}}
     assert store["no_copy"] == {"deferred": [], "exact": True, "hashed": True}
+
+
+def test_orbax_s_files_in_a_folder_are_restored_a_group_at_a_time_when_made(result):
+    orbax = result["orbax"]
+    assert orbax["groups"] == [["w", "b"]]  # both within one group's bytes: one Orbax call
+    assert orbax["one_each"] == [["w"], ["b"]]
+    assert orbax["before"] == orbax["after_first"] == orbax["left"] == []  # each restored when made, none kept
+    assert orbax["w"] and orbax["b"] and orbax["placed"]
 
 
 def test_read_back_exactly_under_another_placement_in_slices(result):

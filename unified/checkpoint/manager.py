@@ -333,6 +333,9 @@ class CheckpointManager:
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
         self._hook_copy: Optional[str] = None  # a load from a store: the hook files, downloaded for the hooks
         self._load_copies: Optional[str] = None  # a load from a store: verified local copies (`_copy_for`)
+        # a load whose sharded reader reads the files verified before only when it makes the arrays
+        # (`_place_sharded`): their identities, checked again after the last is made
+        self._read_after_check: Optional[Dict[str, Any]] = None
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
 
@@ -908,6 +911,7 @@ class CheckpointManager:
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
             self._hook_copy = self._load_copies = None
+            self._read_after_check = None
 
     def _load(self, directory: str, before_restore: Callable[[str], Collection[str]]) -> Dict[str, Any]:
         failure: Optional[BaseException] = None
@@ -993,7 +997,10 @@ class CheckpointManager:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects."
                                   + see("sharded-no-counterpart"))
         # (`_read` -> `_verify_sharded_tree` already refused sharded state on a backend without it)
-        root, like = os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in names.items()}
+        # in the order `_place_sharded` makes them: by object, then by name
+        order = {entry.name: i for i, entry in enumerate(self.entries)}
+        ordered = sorted(names.items(), key=lambda item: (order[owner[item[1]]], item[1]))
+        root, like = os.path.join(directory, self.sharded_dir), {k: current[n] for k, n in ordered}
         hashing = self.sharding.hashes_while_reading or is_url(directory)  # a store is read hashed
         restored: Dict[str, Any] = {}
         hashes: Dict[str, Any] = {}
@@ -1001,8 +1008,13 @@ class CheckpointManager:
         try:
             # a load in two passes (see `_place_sharded`) unless every array is below the size read in place
             bounded = any(int(getattr(value, "nbytes", 0)) >= in_place_min_bytes() for value in like.values())
-            restored, hashes = self.sharding.load_sharded_hashed(root, like, copy_to=self._copy_for if bounded else None) \
-                if hashing else (self.sharding.load_sharded(root, like), {})
+            if hashing:
+                restored, hashes = self.sharding.load_sharded_hashed(root, like, copy_to=self._copy_for if bounded else None)
+            else:
+                restored = (self.sharding.load_sharded_deferred(root, like) if bounded else None) or \
+                    self.sharding.load_sharded(root, like)
+                if any(isinstance(value, DeferredArray) for value in restored.values()):
+                    self._read_after_check = verified  # the reader reads them later: checked again then
             del like, current, encoded  # a live array replaced later is freed then (`_place_sharded`)
         except Exception as err:
             try:
@@ -1069,6 +1081,12 @@ class CheckpointManager:
                                           + see("placing-failed"))
                 break
             states[name] = self._decode(entry, manifest["structures"][name], pending.arrays, sharded)
+        changed = [path for path, identity in (self._read_after_check or {}).items()
+                   if location_of(path).changed(path, identity)] if failure is None else []
+        if changed:
+            failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it was "
+                                      "verified; the objects now hold part of this checkpoint: load it (or another) "
+                                      "again before training." + see("changed-while-placed"))
         self._raise_shared(directory, failure, "load_state (sharded arrays placed)")
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],

@@ -354,8 +354,9 @@ def shard_async_save(_: dict) -> dict:
     undo()
     committed = os.path.exists(os.path.join(final, "manifest.json"))
     shard_files = _shard_files(Setup, final) if committed else {}
-    acc.load_state(final)
-    result = {"returned_in": returned_in, "at_return": at_return, "files_at_return": files_at_return,
+    with _counting_deferred_makes(acc) as counts:
+        acc.load_state(final)
+    result = {"deferred": counts, "returned_in": returned_in, "at_return": at_return, "files_at_return": files_at_return,
               "writes_wait_for_result": Setup.writes_wait_for_result, "write_thread": seen.get("thread"),
               "gate_opened": seen.get("gate_opened"), "committed": committed, "shard_files": shard_files,
               "edit_moved": _max_diff(edited_params, params),
@@ -554,8 +555,8 @@ def shard_store_round_trip(_: dict) -> dict:
 
 @contextlib.contextmanager
 def _counting_deferred_makes(acc: Accelerator):
-    """Within the block, the arrays the backend's sharded reader defers (`DeferredArray`) count
-    the times they are made: ``{"returned": n, "made": [times per array]}``."""
+    """Within the block, the arrays the backend's sharded readers defer (`DeferredArray`: from a
+    store or a folder) count the times they are made: ``{"returned": n, "made": [times per array]}``."""
     from unified.backend import DeferredArray
 
     backend, counts = acc._backend, {"returned": 0, "made": []}
@@ -570,16 +571,25 @@ def _counting_deferred_makes(acc: Accelerator):
             counts["made"][self.index] += 1
             return self.inner.make()
 
+    deferring = backend.load_sharded_deferred
+
+    def counted(arrays):
+        if arrays is None:
+            return None
+        counts["returned"] += sum(isinstance(v, DeferredArray) for v in arrays.values())
+        return {k: Counted(v) if isinstance(v, DeferredArray) else v for k, v in arrays.items()}
+
     def counting(directory, like, copy_to=None):
         arrays, hashes = reader(directory, like, copy_to=copy_to)
-        counts["returned"] += sum(isinstance(v, DeferredArray) for v in arrays.values())
-        return {k: Counted(v) if isinstance(v, DeferredArray) else v for k, v in arrays.items()}, hashes
+        return counted(arrays), hashes
 
     backend.load_sharded_hashed = counting
+    backend.load_sharded_deferred = lambda directory, like: counted(deferring(directory, like))
     try:
         yield counts
     finally:
         backend.__dict__.pop("load_sharded_hashed", None)
+        backend.__dict__.pop("load_sharded_deferred", None)
 
 
 def _sharded_dir_name(manifest: Dict[str, Any]) -> str:

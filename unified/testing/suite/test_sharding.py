@@ -173,6 +173,8 @@ def test_an_async_sharded_save_writes_in_the_background_and_keeps_the_values_of_
         # for the held write: the gate was opened after it) did not reach the checkpoint
         assert r["edit_moved"] > 0.9 and r["step_moved_optimizer"] > 0, (rank, r)
         assert r["params_equal"] and r["optimizer_equal"], (rank, r)
+        # a folder's load too: an array the reader deferred is made once, when put in place
+        assert r["deferred"]["made"] == [1] * r["deferred"]["returned"], (rank, r["deferred"])
 
 
 def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commits_nothing(runs):
