@@ -143,10 +143,12 @@ class Rendezvous:
                 self.told.add(machine)
 
     def untold(self) -> set:
-        """Machines still beating that have not heard the final verdict yet."""
+        """Machines not lost (heard from within the heartbeat timeout) that have not heard the final
+        verdict yet. A machine stopping its processes may be silent for seconds before its own
+        call; counting it gone after a few beats stopped machine 0 serving before that call."""
         with self.lock:
             now = self.clock()
-            return {m for m, t in self.seen.items() if now - t <= 4 * BEAT_S} - self.told
+            return {m for m, t in self.seen.items() if now - t <= self.heartbeat_timeout} - self.told
 
     # -- the rules ---------------------------------------------------------------------------------
     def _tick(self) -> None:

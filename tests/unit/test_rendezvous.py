@@ -120,6 +120,24 @@ def test_the_job_ends_finished_when_every_machine_is_done_and_gives_up_after_the
     assert r.poll(1)["verdict"] == GAVE_UP              # and to a machine that asks for its next attempt
 
 
+def test_a_machine_busy_stopping_its_processes_is_still_waited_for_to_hear_that_the_job_gave_up():
+    # CI, test_two_machines_restart_together_and_give_up_together[torch]: machine 1 was stopping
+    # its crashed processes (no beat for a few seconds) when machine 0's end gave the job up;
+    # machine 0 counted it gone after 4 beats (2 s), stopped serving, and machine 1's own end
+    # then found no rendezvous ("did not answer for 15s") instead of hearing the verdict
+    r, clock = _rendezvous(low=2, high=2, restarts=0, heartbeat=15.0)
+    for m in (0, 1):
+        r.join(m, processes=1)
+    _layout(r, 0)
+    _layout(r, 1)
+    clock.now = 3.0                                     # machine 1 silent for 3 s: stopping its processes
+    assert r.end(0, 0, FAILED, "a process failed")["verdict"] == GAVE_UP
+    r.delivered(0)
+    assert r.untold() == {1}                            # alive until the heartbeat timeout says otherwise
+    clock.now = 16.0                                    # silent beyond the heartbeat timeout: not waited for
+    assert r.untold() == set()
+
+
 def test_a_preempted_machine_leaves_and_too_few_machines_give_up_after_the_timeout():
     r, clock = _rendezvous(low=2, high=2, timeout=60.0)
     for m in (0, 1):
