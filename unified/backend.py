@@ -285,15 +285,18 @@ class Replaceable(abc.ABC):
     def adopt(self, value: Any) -> None:
         """Make the object hold ``value``, an array placed like `current` (a sharded reader's
         `DeferredArray.make`), in this array's place; the current one is dropped. A backend whose
-        `ShardedArrays.load_sharded_hashed` returns `DeferredArray`s implements it."""
+        sharded readers return `DeferredArray`s that are new arrays (not the live ones filled in
+        place) implements it."""
         raise NotImplementedError(f"{type(self).__name__} cannot adopt a new array." + see("placing-failed"))
 
 
 class DeferredArray(abc.ABC):
-    """A sharded array that a load's reader has the verified bytes of (in a private local copy)
-    but makes only when the load restores it (`make`): the load then replaces the live arrays
-    one at a time (`Replaceable.adopt`) instead of holding a second copy of the process's part
-    of the state. Returned by `ShardedArrays.load_sharded_hashed` when given ``copy_to``.
+    """A sharded array that a load's reader makes only when the load restores it (`make`): from
+    bytes it hashed in a first pass (a store's private local copy, a folder's file) or read then
+    (Orbax). The load then puts the arrays in place one at a time (filled in place, or
+    `Replaceable.adopt`) instead of holding a second copy of the process's part of the state.
+    Returned by `ShardedArrays.load_sharded_hashed` when given ``copy_to``, and by
+    `ShardedArrays.load_sharded_deferred`.
 
     Example:
         >>> restored, hashes = backend.load_sharded_hashed(url, like, copy_to=local_copy)

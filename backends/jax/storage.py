@@ -362,12 +362,18 @@ class _Buffers:
         return self._made[(key, bounds)]
 
     def array(self, key: str) -> Any:
-        import jax
-
         value = self._like[key]
-        arrays = [jax.device_put(buffer, device) for bounds, devices in self._regions[key].items()
-                  for device, buffer in zip(devices, self.of(key, bounds))]
-        return jax.make_array_from_single_device_arrays(tuple(value.shape), value.sharding, arrays)
+        return _global_array(tuple(value.shape), value.sharding, [
+            (device, buffer) for bounds, devices in self._regions[key].items()
+            for device, buffer in zip(devices, self.of(key, bounds))])
+
+
+def _global_array(shape: Tuple[int, ...], sharding: Any, placed: List[Tuple[Any, np.ndarray]]) -> Any:
+    """The array of ``shape`` and ``sharding`` made of each ``(device, buffer)``'s buffer put on its
+    device (over the buffer itself on the CPU: aligned memory of its own)."""
+    import jax
+
+    return jax.make_array_from_single_device_arrays(shape, sharding, [jax.device_put(b, d) for d, b in placed])
 
 
 class _FromCopy(DeferredArray):
@@ -381,16 +387,14 @@ class _FromCopy(DeferredArray):
         self._regions, self._sources = dict(regions), dict(sources)
 
     def make(self) -> Any:
-        import jax
-
-        arrays = []
+        placed = []
         for bounds, devices in self._regions.items():
             local, piece = self._sources[bounds]  # type: ignore[misc]
             first = safetensors_io.private_array(self.dtype, [b - a for a, b in bounds])
             safetensors_io.read_range_into(local, piece.start, first)
             copies = [first] + [np.array(first, copy=True) for _ in devices[1:]]  # one buffer per device
-            arrays += [jax.device_put(buffer, device) for device, buffer in zip(devices, copies)]
-        return jax.make_array_from_single_device_arrays(self.shape, self._sharding, arrays)
+            placed += list(zip(devices, copies))
+        return _global_array(self.shape, self._sharding, placed)
 
 
 def _extent(piece: _Piece) -> Tuple[Tuple[int, int], ...]:

@@ -1081,8 +1081,7 @@ class CheckpointManager:
                                           + see("placing-failed"))
                 break
             states[name] = self._decode(entry, manifest["structures"][name], pending.arrays, sharded)
-        changed = [path for path, identity in (self._read_after_check or {}).items()
-                   if location_of(path).changed(path, identity)] if failure is None else []
+        changed = self._changed(self._read_after_check or {}) if failure is None else []
         if changed:
             failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it was "
                                       "verified; the objects now hold part of this checkpoint: load it (or another) "
@@ -1250,8 +1249,13 @@ class CheckpointManager:
         self._raise_shared(directory, failure, "load_state (read into place)")
 
     @staticmethod
-    def _refuse_changed(verified: Dict[str, Any]) -> None:
-        changed = [path for path, identity in verified.items() if location_of(path).changed(path, identity)]
+    def _changed(verified: Dict[str, Any]) -> List[str]:
+        """The files of ``verified`` (path -> identity when checked) that changed since."""
+        return [path for path, identity in verified.items() if location_of(path).changed(path, identity)]
+
+    @classmethod
+    def _refuse_changed(cls, verified: Dict[str, Any]) -> None:
+        changed = cls._changed(verified)
         if changed:
             raise CheckpointError(f"{changed[0]}: changed after it was verified, while the sharded reader read it; "
                                   "nothing was restored. Check that nothing writes into the checkpoint." + see("file-ended"))

@@ -312,8 +312,9 @@ def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict
     return {key: (dtype, shape) for key, (dtype, shape, _, _) in _header_at(read_at, path, size)[2].items()}
 
 
-def header_of_file(path: str) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
-    """A regular file's size, then `header_of`'s data start and entries (never a link, FIFO or device).
+def header_of_file(path: str, name: Optional[str] = None) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
+    """A regular file's size, then `header_of`'s data start and entries (never a link, FIFO or
+    device); ``name``: what its errors call the file (a local copy's object), else ``path``.
 
     Example:
         >>> header_of_file("model.safetensors")
@@ -322,7 +323,7 @@ def header_of_file(path: str) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int,
     fd = _open_for_reading(path)
     try:
         size = os.fstat(fd).st_size
-        start, entries, _ = header_of(lambda at, count: os.pread(fd, count, at), path, size)
+        start, entries, _ = header_of(lambda at, count: os.pread(fd, count, at), name or path, size)
     finally:
         os.close(fd)
     return size, start, entries
