@@ -282,6 +282,22 @@ class Replaceable(abc.ABC):
         which it never writes again, instead of the staging buffer it reuses for the next array."""
         return False
 
+    def writable_in_place(self) -> Any:
+        """A writable C-contiguous uint8 NumPy view of the memory of the array the object holds,
+        when it lives in this process's host memory and nothing but the object can see it, so that
+        the load's second pass reads the checkpoint straight into it instead of making a new array
+        (`replace`); None otherwise (the default). Called only once every check passed, just before
+        the array is read; the backend may first make the object hold an array of the same
+        contents that owns its memory alone (JAX on the CPU: the array donated to a new one, when
+        only its Variable holds it).
+
+        Example:
+            >>> view = handle.writable_in_place()     # JAX on the CPU, the array held by its Variable only
+            >>> view.nbytes == handle.current().nbytes
+            True
+        """
+        return None
+
     def adopt(self, value: Any) -> None:
         """Make the object hold ``value``, an array placed like `current` (a sharded reader's
         `DeferredArray.make`), in this array's place; the current one is dropped. A backend whose

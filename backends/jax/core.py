@@ -13,7 +13,9 @@ sharded state (`.sharding`, with its file storage in `.storage`).
 from __future__ import annotations
 
 import atexit
+import functools
 import os
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -250,7 +252,10 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         leaves, treedef = jax.tree_util.tree_flatten(current)
         # Arrays already split across processes (a model built sharded) are resharded as they are;
         # every other leaf starts from process 0's values on every process, as DDP does.
-        local = [i for i, leaf in enumerate(leaves) if not _is_global(leaf)]
+        # One process: its arrays are placed as they are (`_write_back`: no copy, and the memory
+        # stays XLA's own, which a load may then write in place: `_Slot.writable_in_place`).
+        local = [i for i, leaf in enumerate(leaves) if not _is_global(leaf)
+                 and (self.num_processes > 1 or not isinstance(leaf, jax.Array) or _is_key(leaf))]
         host = [_host_copy(leaves[i]) for i in local]
         if self.num_processes > 1:
             self.barrier(f"prepare {kind} (arrival)", 600.0)
@@ -298,9 +303,11 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         if kind not in ("model", "optimizer"):
             return None
 
+        handover = _Handover()
+
         def slot(variable: Any) -> Optional[_Slot]:
             value = variable.get_value() if isinstance(variable, nnx.Variable) else None
-            return _Slot(variable) if isinstance(value, jax.Array) and not _is_key(value) else None
+            return _Slot(variable, handover) if isinstance(value, jax.Array) and not _is_key(value) else None
 
         return nnx.to_pure_dict(nnx.state(obj), extract_fn=slot)
 
@@ -328,7 +335,9 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
             sharding = sharding_of(like, path)
             if isinstance(value, jax.Array):  # restored by Orbax, replaced by a load (`_Slot`), or built so
                 _check_like(value, like, "/".join(map(str, path)))
-                return value if value.sharding == sharding else _reshard(value, sharding)
+                if value.sharding == sharding:
+                    return value
+                return jax.device_put(value, sharding) if value.is_fully_addressable else _reshard(value, sharding)
             return _place(np.asarray(value), like, sharding, "/".join(map(str, path)))
 
         state = nnx.state(obj)
@@ -336,11 +345,74 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         nnx.update(obj, state)
 
 
+class _Handover:
+    """The arrays of one object's Variables that a load on the CPU may write in place, handed to
+    new arrays of the same memory (XLA's donation) in one call the first time a slot asks
+    (`_Slot.writable_in_place`), once every check of the load passed."""
+
+    def __init__(self) -> None:
+        self._slots: List["_Slot"] = []
+        self._owned: Optional[Dict[int, Any]] = None
+
+    def add(self, slot: "_Slot") -> None:
+        self._slots.append(slot)
+
+    def owned(self, slot: "_Slot") -> Optional[Any]:
+        """``slot``'s array if it now owns its memory alone, else None."""
+        if self._owned is None:
+            self._owned = self._hand_over()
+        return self._owned.get(id(slot))
+
+    def _hand_over(self) -> Dict[int, Any]:
+        from unified.checkpoint.manager import in_place_min_bytes
+
+        least, shared = in_place_min_bytes(), _shared_memory()
+        chosen: List[Tuple["_Slot", Any]] = []
+        for slot in self._slots:
+            value = slot._variable.get_value()
+            # the Variable's reference, ``value`` and getrefcount's own: any more, and something else
+            # can see this array (the script kept it, another Variable holds it): it is replaced
+            if (_plain_cpu_array(value) and value.nbytes >= least and sys.getrefcount(value) <= 3
+                    and shared.get(value.unsafe_buffer_pointer(), set()) <= _own_ids(value)):
+                chosen.append((slot, value))
+            del value
+        if not chosen:
+            return {}
+        try:  # each new array has the old one's memory unless a NumPy view or a foreign owner holds it: then a copy
+            handed = _donating_identity(len(chosen))(*(value for _, value in chosen))
+            jax.block_until_ready(handed)
+        except Exception:  # noqa: BLE001 - not donatable here: replaced the ordinary way
+            return {}
+        owned = {}
+        for (slot, _), new in zip(chosen, handed):
+            slot._variable.set_value(new)
+            if _plain_cpu_array(new):
+                owned[id(slot)] = new
+        return owned
+
+
+def _shared_memory() -> Dict[int, set]:
+    """The ids of this process's live single-device CPU arrays by the address of their memory
+    (`jax.device_put` to the same device makes a second array over the first one's)."""
+    table: Dict[int, set] = {}
+    for array in jax.live_arrays("cpu"):
+        if not array.is_deleted() and len(array.sharding.device_set) == 1:
+            table.setdefault(array.unsafe_buffer_pointer(), set()).add(id(array))
+    return table
+
+
+def _own_ids(value: Any) -> set:
+    """``value`` and the per-device arrays it is made of (JAX keeps them as arrays of their own)."""
+    return {id(value)} | {id(part) for part in getattr(value, "_arrays", ())}
+
+
 class _Slot(Replaceable):
     """A Variable of a prepared object whose array a load replaces (`JaxBackend.replaceable_arrays`)."""
 
-    def __init__(self, variable: Any) -> None:
+    def __init__(self, variable: Any, handover: Optional[_Handover] = None) -> None:
         self._variable = variable
+        self._handover = handover or _Handover()
+        self._handover.add(self)
 
     def current(self) -> Any:
         return self._variable.get_value()
@@ -360,6 +432,10 @@ class _Slot(Replaceable):
         if all(device.platform == "cpu" for device in new.devices()):
             _freed(host.nbytes)
 
+    def writable_in_place(self) -> Optional[np.ndarray]:
+        owned = self._handover.owned(self)
+        return None if owned is None else np.asarray(_HostBytes(owned))
+
     def adopt(self, value: Any) -> None:
         like = self._variable.get_value()
         _check_like(value, like, type(self._variable).__name__)
@@ -370,6 +446,37 @@ class _Slot(Replaceable):
         self._variable.set_value(value)  # the old array is freed here unless the script holds it
         if all(device.platform == "cpu" for device in value.devices()):
             _freed(sum(shard.data.nbytes for shard in value.addressable_shards))
+
+
+@functools.lru_cache(maxsize=None)
+def _donating_identity(count: int) -> Any:
+    return jax.jit(lambda *values: values, donate_argnums=tuple(range(count)))
+
+
+def _plain_cpu_array(value: Any) -> bool:
+    """A committed-or-not `jax.Array` on one CPU device, dense and row-major (its bytes are the
+    safetensors entry's, at `unsafe_buffer_pointer`)."""
+    if not isinstance(value, jax.Array) or _is_key(value) or value.is_deleted():
+        return False
+    devices = value.sharding.device_set
+    if len(devices) != 1 or next(iter(devices)).platform != "cpu" or value.nbytes == 0:
+        return False
+    try:
+        layout = value.format.layout
+        row_major = tuple(layout.major_to_minor) == tuple(range(value.ndim))
+    except Exception:  # noqa: BLE001 - no layout to ask: only the size says it is dense
+        row_major = True
+    return row_major and value.on_device_size_in_bytes() == value.nbytes
+
+
+class _HostBytes:
+    """The bytes of a CPU array as a writable NumPy uint8 array (``np.asarray``), which keeps the
+    array alive as its base."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.__array_interface__ = {"data": (array.unsafe_buffer_pointer(), False), "shape": (array.nbytes,),
+                                    "typestr": "|u1", "version": 3}
 
 
 # glibc keeps the replaced CPU arrays' memory in its heaps instead of handing it back or reusing

@@ -182,6 +182,13 @@ class Place:
 
     into: Any
     current: Callable[[], Any]
+    # a replaced array's own memory when it may be written in place after all (`Replaceable.writable_in_place`)
+    own: Callable[[], Any] = lambda: None
+
+    def target(self) -> Any:
+        """``into``, or the array's own writable memory when `own` gives it (asked once, in the second pass)."""
+        owned = self.own()
+        return self.into if owned is None else owned
 
 
 @dataclass
@@ -1173,7 +1180,7 @@ class CheckpointManager:
             elif name in handles:  # (`codec.encode` collected only `Replaceable` leaves)
                 handle = handles[name]
                 places[name] = Place(safetensors_io.KeepsHost(handle.replace) if handle.keeps_host else handle.replace,
-                                     handle.current)
+                                     handle.current, handle.writable_in_place)
         return places
 
     def _verify_for_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
@@ -1228,7 +1235,7 @@ class CheckpointManager:
         by_name = {entry.name: entry for entry in self.entries}
         for name, placing in later.items():
             try:
-                into = {key: place.into for key, place in placing.places.items()}
+                into = {key: place.target() for key, place in placing.places.items()}
                 if placing.copy is not None:  # the verified copy on the local disk (private: it cannot change)
                     arrays, placed = Folder().read_placed(placing.copy, placing.size, placing.checksum, into)
                 else:
