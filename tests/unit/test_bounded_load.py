@@ -235,3 +235,47 @@ def test_only_arrays_of_the_saved_dtype_and_shape_are_read_into_place(tmp_path):
     assert other.t.dtype == torch.float32 and bool((other.t == 1.5).all())
     assert bool((before == 0).all())
     acc.end_training()
+
+
+def _intervals(monkeypatch, cls, method):
+    """Wrap ``cls.method`` (path first) so that each call on a model's or optimizer's file takes
+    at least 0.4 s and records when it ran."""
+    seen, original = {}, getattr(cls, method)
+
+    def slow(self, path, *args, **options):
+        start = time.monotonic()
+        time.sleep(0.4)
+        got = original(self, path, *args, **options)
+        seen[os.path.basename(str(path))] = (start, time.monotonic())
+        return got
+
+    monkeypatch.setattr(cls, method, slow)
+    return seen
+
+
+def test_both_passes_read_the_files_side_by_side_and_report_failures_in_the_objects_order(tmp_path, monkeypatch):
+    """Each file is one hash stream: a load verifies, then reads into place, the model's and the
+    optimizer's files at the same time (they used to go one after the other), still exactly, and
+    a failure of both is reported for the first object's file."""
+    from unified.checkpoint import store
+
+    acc, model, optimizer = _run()
+    _step(acc, model, optimizer)  # the optimizer's moments exist: both files are read into place
+    saved = _snapshot(model, optimizer)
+    acc.save_state(str(tmp_path / "ckpt"))
+    _step(acc, model, optimizer)
+    verified = _intervals(monkeypatch, store.Folder, "verify")
+    placed = _intervals(monkeypatch, store.Folder, "read_placed")
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert _snapshot(model, optimizer)[0].keys() == saved[0].keys()
+    assert all(_equal(a, b) for a, b in zip(_snapshot(model, optimizer), saved))
+    for seen in (verified, placed):
+        (m0, m1), (o0, o1) = seen["model_0.safetensors"], seen["optimizer_0.safetensors"]
+        assert m0 < o1 and o0 < m1, seen  # the two calls overlapped
+    monkeypatch.undo()
+    change_after_verification(monkeypatch, "optimizer_0.safetensors", seen=False)
+    change_after_verification(monkeypatch, "model_0.safetensors", seen=False)
+    with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
+        acc.load_state(str(tmp_path / "ckpt"))
+    assert "model_0.safetensors" in str(caught.value) and "optimizer_0" not in str(caught.value)
+    acc.end_training()
