@@ -14,6 +14,7 @@ import random
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import uuid
 import zlib
@@ -346,6 +347,7 @@ class CheckpointManager:
         self._channel: Any = None  # the health channel, once asked for (False: the backend has none)
         self._hook_copy: Optional[str] = None  # a load from a store: the hook files, downloaded for the hooks
         self._load_copies: Optional[str] = None  # a load from a store: verified local copies (`_copy_for`)
+        self._copies_made = threading.Lock()
         # a load whose sharded reader reads the files verified before only when it makes the arrays
         # (`_place_sharded`): their identities, checked again after the last is made
         self._read_after_check: Optional[Dict[str, Any]] = None
@@ -1212,8 +1214,9 @@ class CheckpointManager:
         without room for it (and 1 GiB or 5% left)."""
         if not is_url(path) or os.environ.get(LOAD_COPY_VARIABLE, "1") == "0":
             return None
-        if self._load_copies is None:
-            self._load_copies = tempfile.mkdtemp(prefix="unified-load-")
+        with self._copies_made:  # the first passes run side by side: one folder for all of them
+            if self._load_copies is None:
+                self._load_copies = tempfile.mkdtemp(prefix="unified-load-")
         disk = shutil.disk_usage(self._load_copies)
         if disk.free - size < max(1 << 30, disk.total // 20):  # leave 1 GiB and 5% free
             return None

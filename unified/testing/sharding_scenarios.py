@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 import zipfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -356,7 +356,8 @@ def shard_async_save(_: dict) -> dict:
     shard_files = _shard_files(Setup, final) if committed else {}
     with _counting_deferred_makes(acc) as counts:
         acc.load_state(final)
-    result = {"deferred": counts, "returned_in": returned_in, "at_return": at_return, "files_at_return": files_at_return,
+    changing = _load_while_sharded_files_change(acc, final)
+    result = {"deferred": counts, "changing": changing, "returned_in": returned_in, "at_return": at_return, "files_at_return": files_at_return,
               "writes_wait_for_result": Setup.writes_wait_for_result, "write_thread": seen.get("thread"),
               "gate_opened": seen.get("gate_opened"), "committed": committed, "shard_files": shard_files,
               "edit_moved": _max_diff(edited_params, params),
@@ -554,9 +555,10 @@ def shard_store_round_trip(_: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _counting_deferred_makes(acc: Accelerator):
+def _counting_deferred_makes(acc: Accelerator, before_make: Callable[[int], None] = lambda made: None):
     """Within the block, the arrays the backend's sharded readers defer (`DeferredArray`: from a
-    store or a folder) count the times they are made: ``{"returned": n, "made": [times per array]}``."""
+    store or a folder) count the times they are made: ``{"returned": n, "made": [times per array]}``;
+    ``before_make(arrays made so far)`` runs before each."""
     from unified.backend import DeferredArray
 
     backend, counts = acc._backend, {"returned": 0, "made": []}
@@ -568,6 +570,7 @@ def _counting_deferred_makes(acc: Accelerator):
             counts["made"].append(0)
 
         def make(self) -> Any:
+            before_make(sum(counts["made"]))
             counts["made"][self.index] += 1
             return self.inner.make()
 
@@ -590,6 +593,33 @@ def _counting_deferred_makes(acc: Accelerator):
     finally:
         backend.__dict__.pop("load_sharded_hashed", None)
         backend.__dict__.pop("load_sharded_deferred", None)
+
+
+def _load_while_sharded_files_change(acc: Accelerator, directory: str) -> Dict[str, Any]:
+    """A load of ``directory`` (a folder) whose sharded files change (their times set 2 s later)
+    once its reader made the first array it deferred, after every check passed: ``error`` is what
+    it raised (None if it did not), and ``reloaded``: whether loading again worked."""
+    from unified.checkpoint.store import location_of
+
+    sharded = os.path.join(directory, _sharded_dir_name(location_of(directory).read_manifest(directory)))
+    files = [os.path.join(root, name) for root, _, names in os.walk(sharded) for name in names]
+
+    def change(made: int) -> None:
+        if made == 1:  # the second array: the reader has begun putting arrays in place
+            later = time.time_ns() + 2_000_000_000
+            for path in files:
+                os.utime(path, ns=(later, later))
+
+    out: Dict[str, Any] = {"error": None, "made": None}
+    with _counting_deferred_makes(acc, change) as counts:
+        try:
+            acc.load_state(directory)
+        except unified.CheckpointError as err:
+            out["error"] = str(err)
+    out["made"] = sum(counts["made"])
+    acc.load_state(directory)  # the bytes never changed: loading again is the way out
+    out["reloaded"] = True
+    return out
 
 
 def _sharded_dir_name(manifest: Dict[str, Any]) -> str:

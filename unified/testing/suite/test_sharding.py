@@ -175,6 +175,11 @@ def test_an_async_sharded_save_writes_in_the_background_and_keeps_the_values_of_
         assert r["params_equal"] and r["optimizer_equal"], (rank, r)
         # a folder's load too: an array the reader deferred is made once, when put in place
         assert r["deferred"]["made"] == [1] * r["deferred"]["returned"], (rank, r["deferred"])
+        # its files changed while the arrays were put in place (after every check passed): every
+        # process says the objects hold part of the checkpoint, and a load again is the way out
+        changing = r["changing"]
+        assert changing["made"] >= 2 and changing["reloaded"], (rank, changing)
+        assert changing["error"] and "#changed-while-placed" in changing["error"], (rank, changing)
 
 
 def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commits_nothing(runs):
