@@ -178,8 +178,10 @@ def test_an_async_sharded_save_writes_in_the_background_and_keeps_the_values_of_
         # its files changed while the arrays were put in place (after every check passed): every
         # process says the objects hold part of the checkpoint, and a load again is the way out
         changing = r["changing"]
-        assert changing["made"] >= 2 and changing["reloaded"], (rank, changing)
+        assert changing["made"] >= 1 and changing["reloaded"], (rank, changing)
         assert changing["error"] and "#changed-while-placed" in changing["error"], (rank, changing)
+    # the process that changed them had put an array in place already (another may see it sooner)
+    assert max(r["changing"]["made"] for r in runs.first.scenario(shard_async_save)) >= 2
 
 
 def test_an_async_sharded_save_failing_on_one_process_fails_everywhere_and_commits_nothing(runs):
