@@ -369,7 +369,7 @@ class _Handover:
         least, shared = in_place_min_bytes(), _shared_memory()
         chosen: List[Tuple["_Slot", Any]] = []
         for slot in self._slots:
-            value = slot._variable.get_value()
+            value = slot.current()
             # the Variable's reference, ``value`` and getrefcount's own: any more, and something else
             # can see this array (the script kept it, another Variable holds it): it is replaced
             if (_plain_cpu_array(value) and value.nbytes >= least and sys.getrefcount(value) <= 3
