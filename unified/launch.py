@@ -838,7 +838,7 @@ def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher,
                 _note(beat.lost)
                 return code or 1
             kind = together.FAILED if outcome in RESTARTABLE else together.DONE if outcome == FINISHED else together.LEAVES
-            verdict = client.end(layout.attempt, kind, outcome)
+            verdict = beat.end(kind, outcome)
             if kind == together.LEAVES or verdict["verdict"] != together.RESTART:
                 return _final(verdict, code)
             _note(f"unified launch: restart {layout.attempt + 1} of {args.max_restarts}: attempt "

@@ -314,6 +314,7 @@ class Beat:
         self.client, self.attempt = client, attempt
         self.reason: Optional[str] = None
         self.lost: Optional[str] = None
+        self.final: Optional[Dict] = None  # the job's final verdict, when a beat's answer held it
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -334,10 +335,17 @@ class Beat:
                 return
             if answer.get("verdict") in (RESTART, GAVE_UP):
                 self.reason = f"attempt {self.attempt + 1} ended on another machine ({answer['reason']})"
+                self.final = answer if answer["verdict"] == GAVE_UP else None
                 return
 
     def stop_reason(self) -> Optional[str]:
         return self.reason
+
+    def end(self, kind: str, outcome: str) -> Dict:
+        """Report how this machine's group ended and return the attempt's verdict
+        (`RendezvousClient.end`), unless a beat already heard the job's final verdict: machine 0
+        counts this machine told by that answer and may have stopped serving since."""
+        return self.final or self.client.end(self.attempt, kind, outcome)
 
 
 def free_port_everywhere() -> int:

@@ -138,6 +138,30 @@ def test_a_machine_busy_stopping_its_processes_is_still_waited_for_to_hear_that_
     assert r.untold() == set()
 
 
+def test_a_machine_whose_beat_heard_that_the_job_gave_up_ends_without_machine_0():
+    """CI, test_two_machines_restart_together_and_give_up_together[torch] (stop 44): machine 1's
+    beat heard that the job gave up, so machine 0 counted it told and stopped serving; machine 1
+    then reported its own end to nobody and failed with "did not answer" instead of giving up."""
+    r = Rendezvous(2, 2, 0, 0.0, heartbeat_timeout=15.0)
+    server = RendezvousServer(r, port=0).start()
+    address = f"127.0.0.1:{server.port}"
+    clients = [RendezvousClient(address, machine=m, patience=1.0) for m in (0, 1)]
+    try:
+        for client in clients:
+            client.join(1)
+        layout = clients[1].wait_for_attempt()["layout"]
+        with clients[1].beating(layout["attempt"]) as beat:
+            assert clients[0].end(0, FAILED, "a process failed")["verdict"] == GAVE_UP
+            give_up = time.monotonic() + 10
+            while beat.stop_reason() is None and time.monotonic() < give_up:
+                time.sleep(0.05)
+        assert "ended on another machine" in (beat.stop_reason() or ""), beat.stop_reason()
+    finally:
+        server.close(linger=5.0)                        # returns at once: both machines heard the verdict
+    verdict = beat.end(FAILED, "a process failed")
+    assert verdict["verdict"] == GAVE_UP and "after 0 restart(s)" in verdict["reason"], verdict
+
+
 def test_a_preempted_machine_leaves_and_too_few_machines_give_up_after_the_timeout():
     r, clock = _rendezvous(low=2, high=2, timeout=60.0)
     for m in (0, 1):
