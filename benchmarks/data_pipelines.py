@@ -250,7 +250,6 @@ def hf_stream_long(size: int):
 
 def per_batch_cost(batches: int, rounds: int) -> str:
     import grain
-    import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     import unified

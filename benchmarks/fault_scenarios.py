@@ -183,7 +183,7 @@ def fault_load_cases(state: dict) -> dict:
 
     acc = Accelerator(timeout=float(os.environ.get("FAULT_TIMEOUT", "20")), seed=3)
     state["acc"] = acc
-    run = make(acc)
+    state["run"] = make(acc)  # its objects stay alive beside acc
     root = _shared(os.environ["FAULT_CASES"])
     outside_dir = _shared("outside")
     outside = [os.path.join(outside_dir, n) for n in os.listdir(outside_dir)] if os.path.isdir(outside_dir) else []

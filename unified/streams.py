@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 import numpy as np
 

@@ -55,7 +55,7 @@ class JaxTraining:
         local = np.asarray(self.jax.random.normal(self.acc.next_key(), (4, 6))) * host_noise()
         sharding = NamedSharding(self.acc.mesh, PartitionSpec("data"))
         x = self.jax.make_array_from_process_local_data(sharding, local.astype(np.float32))  # the global batch
-        loss = self.train_step(self.model, self.optimizer, x)
+        self.train_step(self.model, self.optimizer, x)
         self.counter.steps += 1
         self.counter.history[self.counter.steps % 4] = self.counter.steps * 0.5  # same on every process
 

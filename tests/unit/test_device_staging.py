@@ -62,7 +62,7 @@ def test_an_async_save_writes_staged_arrays_after_their_copy_finished(tmp_path, 
 
 def test_a_synchronous_save_stages_nothing(tmp_path, torch_accelerator):
     acc = torch_accelerator
-    model = acc.prepare(torch.nn.Linear(2, 2))
+    acc.prepare(torch.nn.Linear(2, 2))
     calls: list = []
     _staging(acc._backend, calls, tmp_path)
     acc.save_state(str(tmp_path / "ckpt"))
