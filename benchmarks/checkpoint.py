@@ -69,6 +69,7 @@ allocator hands memory freed by one contender's load to the next one's).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -534,12 +535,17 @@ def _resume(args: argparse.Namespace, ours: Any, before: Callable[[], Any], base
 def _measured(fn: Callable[[], Any]) -> Dict[str, float]:
     """``fn``'s seconds, and its peak RSS beyond the live state: the peak during the call above
     the larger of the memory before and after it (`PeakMemory`'s kernel-exact ``VmHWM``, with no
-    sampling thread beside the timed call). "After" is read once the C heap handed its free
+    sampling thread beside the timed call), after a full garbage collection (untimed). "After" is read once the C heap handed its free
     memory back (`return_free_heap`): the arrays a JAX load replaced are freed but glibc keeps their
     memory, which would otherwise count as live state and hide the load's second copy."""
     from unified.libc import return_free_heap
     from memory import status_bytes
 
+    if os.environ.get("UNIFIED_BENCH_GC_DEBT") != "1":
+        # the script's own garbage (building the objects makes many Python objects) is collected
+        # before the timing, as timeit does for the same reason: else a full collection (80-130 ms
+        # for the JAX objects here) falls inside whichever load first allocates enough
+        gc.collect()
     with PeakMemory(anonymous=False) as memory:
         seconds = _timed(fn)
     return_free_heap()
