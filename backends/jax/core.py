@@ -335,9 +335,7 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
             sharding = sharding_of(like, path)
             if isinstance(value, jax.Array):  # restored by Orbax, replaced by a load (`_Slot`), or built so
                 _check_like(value, like, "/".join(map(str, path)))
-                if value.sharding == sharding:
-                    return value
-                return jax.device_put(value, sharding) if value.is_fully_addressable else _reshard(value, sharding)
+                return value if value.sharding == sharding else _reshard(value, sharding)
             return _place(np.asarray(value), like, sharding, "/".join(map(str, path)))
 
         state = nnx.state(obj)
@@ -517,7 +515,10 @@ def _is_global(value: Any) -> bool:
 
 
 def _reshard(value: Any, sharding: Any) -> Any:
-    """``value`` moved to ``sharding`` on the devices (a collective inside ``jit``; no host copy)."""
+    """``value`` moved to ``sharding`` on the devices, no host copy: `jax.device_put` for an array
+    this process holds whole (nothing to compile), else a collective inside ``jit``."""
+    if value.is_fully_addressable:
+        return jax.device_put(value, sharding)
     return jax.jit(lambda x: x, out_shardings=sharding)(value)
 
 
