@@ -535,9 +535,10 @@ def _resume(args: argparse.Namespace, ours: Any, before: Callable[[], Any], base
 def _measured(fn: Callable[[], Any]) -> Dict[str, float]:
     """``fn``'s seconds, and its peak RSS beyond the live state: the peak during the call above
     the larger of the memory before and after it (`PeakMemory`'s kernel-exact ``VmHWM``, with no
-    sampling thread beside the timed call), after a full garbage collection (untimed). "After" is read once the C heap handed its free
-    memory back (`return_free_heap`): the arrays a JAX load replaced are freed but glibc keeps their
-    memory, which would otherwise count as live state and hide the load's second copy."""
+    sampling thread beside the timed call), after a full garbage collection (untimed). "After"
+    is read once the C heap handed its free memory back (`return_free_heap`): the arrays a JAX
+    load replaced are freed but glibc keeps their memory, which would otherwise count as live
+    state and hide the load's second copy."""
     from unified.libc import return_free_heap
     from memory import status_bytes
 

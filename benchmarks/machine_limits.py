@@ -40,9 +40,9 @@ def _files(args: argparse.Namespace) -> List[str]:
     folder = tempfile.mkdtemp(prefix="unified-limits-")
     total = int(args.size_gb * 1e9)
     paths = []
+    block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8).tobytes()
     for name, share in (("a.bin", total // 3), ("b.bin", total - total // 3)):  # a model's and an optimizer's
         path = os.path.join(folder, name)
-        block = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8).tobytes()
         with open(path, "wb") as handle:
             for at in range(0, share, len(block)):
                 handle.write(block[:min(len(block), share - at)])
