@@ -37,7 +37,11 @@ def _results(output):
 @pytest.fixture(scope="module", params=BACKENDS)
 def identity_run(request):
     """tests/scripts/identity.py launched on 2 processes, output into pipes (once per backend)."""
-    return _launch("-n", "2", "--backend", request.param, str(IDENTITY))
+    return _launch("-n", "2", "--backend", request.param, str(IDENTITY), *SCRIPT_FLAGS)
+
+
+# the script's own flags, which abbreviate or repeat the launcher's and torchrun's options (issue 46)
+SCRIPT_FLAGS = ["--num", "3", "--preempt", "--nnodes=2", "--", "-n", "--max-restarts"]
 
 
 def test_launch_prefixes_output_with_the_process_index(identity_run):
@@ -46,6 +50,7 @@ def test_launch_prefixes_output_with_the_process_index(identity_run):
     results = _results(run.stdout)
     assert sorted(results) == [0, 1]
     assert all(r["index"] == i and r["num"] == 2 and r["everyone"] == [0, 1] for i, r in results.items())
+    assert all(r["argv"] == SCRIPT_FLAGS for r in results.values()), results  # the script's, untouched
     # the logger: the main-only message once, the per-process one from each process
     assert run.stdout.count("main-only message") == 1
     assert run.stdout.count("every-process message") == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import BACKENDS
-from .loopback import launch_machines
+from .loopback import Stranger, launch_machines
 
 pytestmark = pytest.mark.multiprocess
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +102,23 @@ def test_two_machines_restart_together_and_give_up_together(backend, tmp_path):
     for rank in (0, 1):
         assert got[rank]["restart_count"] == 1 and got[rank]["first_step"] == 4, got
         assert got[rank]["hash"] == expected[rank]["hash"], (got, expected)
+
+    # a stranger on loopback hammers machine 0's rendezvous through a whole run (issue 46): the job
+    # runs as if nobody were there, and the stranger gets nothing but refusals
+    stranger = Stranger()
+    attacked = launch_machines(2, args, [SCRIPT, tmp_path / "attacked", "none"], during=stranger)
+    stranger.stop.set()
+    outputs = [run.stdout for run in attacked]
+    for run in attacked:
+        assert run.returncode == 0, "\n\n".join(outputs)[-6000:]
+        assert "unified launch: restart" not in run.stdout and "Traceback" not in run.stdout, run.stdout[-3000:]
+    got = {**_results(outputs[0]), **_results(outputs[1])}
+    assert sorted(got) == [0, 1], outputs
+    for rank in (0, 1):
+        assert got[rank]["restart_count"] == 0 and not got[rank]["resumed"], got
+        assert got[rank]["hash"] == expected[rank]["hash"], (got, expected)
+    assert 200 not in stranger.answers and stranger.answers.get(401, 0) > 10, stranger.answers
+    assert {413, 401} <= set(stranger.answers), stranger.answers
 
     crashing = launch_machines(2, ["-n", "1", "--backend", backend, "--max-restarts", "1"],
                                [SCRIPT, tmp_path / "crash", "crash-at-start"])

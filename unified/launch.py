@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
+from .job_secret import SECRET_VARIABLE, job_key
 from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, RESTART_VARIABLE, RUN_VARIABLE, ProcessEnvironment, run_identity
 from .errors import see
 from .logging import PROGRESS_INTERVAL
@@ -45,7 +46,7 @@ from .rendezvous import (BEAT_S, HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S, L
 from .registry import backend_names, backend_spec, load_object, resolve_backend_name
 from .training_loop import PRECISION_VARIABLE, PRECISIONS
 
-__all__ = ["build_parser", "launch", "main", "Launcher", "LaunchPlan", "ProcessGroup", "Worker", "run_group", "stop_processes"]
+__all__ = ["build_parser", "parse_launch_args", "launch", "main", "Launcher", "LaunchPlan", "ProcessGroup", "Worker", "run_group", "stop_processes"]
 
 GRACE_SECONDS = 10.0
 # After a forwarded SIGTERM/SIGUSR1 (or a worker's exit as preempted), how long the workers may
@@ -70,7 +71,7 @@ PROGRESS_ENV = {"TQDM_MININTERVAL": f"{PROGRESS_INTERVAL:g}", "TQDM_MAXINTERVAL"
 
 
 def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="unified launch")
+    parser = parser or argparse.ArgumentParser(prog="unified launch", allow_abbrev=False)
     parser.add_argument("-n", "--num-processes", "--num_processes", type=int, default=1,
                         help="processes per machine (default 1)")
     parser.add_argument("--backend", choices=backend_names(), default=None,
@@ -111,9 +112,46 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              f"this long is lost (default {HEARTBEAT_TIMEOUT_S:g} s, torchrun's 3 missed keep-alives "
                              f"of 5 s; at least {MIN_HEARTBEAT_TIMEOUT_S:g}): the attempt ends everywhere, and the "
                              "others stop after as long without machine 0")
+    parser.add_argument("--rendezvous-bind-ip", "--rendezvous_bind_ip", default=None, metavar="ADDRESS",
+                        help="several machines with --max-restarts: the address of machine 0 its rendezvous listens "
+                             "on (default --main-process-ip; 0.0.0.0 listens on every interface). Requests must be "
+                             f"signed with {SECRET_VARIABLE}, the same on every machine (docs/security.md)")
     parser.add_argument("script", help="the training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER,
+                        help="arguments for the script: everything after its path is the script's, never the launcher's")
     return parser
+
+
+def parse_launch_args(argv: Sequence[str], parser: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """Parse ``unified launch``'s command line: the launcher's options are what comes before the
+    script's path (a ``--`` may end them); everything after the path is the script's, passed on as
+    it is, even a flag that looks like, or abbreviates, one of the launcher's (as with ``python
+    train.py ...`` and torchrun). Abbreviations of the launcher's own options are not accepted
+    (``allow_abbrev=False``, as ``accelerate launch``).
+
+    Example:
+        >>> parse_launch_args(["-n", "2", "train.py", "--preempt", "-n", "5"]).script_args
+        ['--preempt', '-n', '5']
+    """
+    parser = parser or build_parser()
+    parser.allow_abbrev = False
+    takes_value = {option: action.nargs != 0 for action in parser._actions for option in action.option_strings}
+    at = 0
+    while at < len(argv):
+        arg = argv[at]
+        if arg == "--":
+            return _with_script_args(parser, [*argv[:at], *argv[at + 1:at + 2]], argv[at + 2:])
+        if not arg.startswith("-") or arg == "-":
+            break
+        at += 2 if takes_value.get(arg, False) else 1  # "--opt=value", "-n2" and unknown flags are one word
+    return _with_script_args(parser, list(argv[:at + 1]), argv[at + 1:])
+
+
+def _with_script_args(parser: argparse.ArgumentParser, launcher_part: List[str], script_args: Sequence[str]
+                      ) -> argparse.Namespace:
+    args = parser.parse_args(launcher_part)
+    args.script_args = list(script_args)
+    return args
 
 
 @dataclass
@@ -806,14 +844,16 @@ def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher,
     (`unified.rendezvous`), which gives it its machines and a fresh port for its group."""
     port = args.main_process_port or 29500
     heartbeat = args.rendezvous_heartbeat_timeout
+    key = job_key()  # refused before anything starts: no secret, no rendezvous a stranger cannot steer
     server = None
     if args.machine_rank == 0:
         _refuse_port_in_use(port)
         rendezvous = Rendezvous(args.min_machines, args.num_machines, args.max_restarts, args.rendezvous_last_call,
                                 timeout=args.rendezvous_timeout, heartbeat_timeout=heartbeat,
                                 pick_port=free_port_everywhere)
-        server = RendezvousServer(rendezvous, port).start()
-    client = RendezvousClient(f"{args.main_process_ip}:{port}", args.machine_rank, patience=heartbeat)
+        bind = getattr(args, "rendezvous_bind_ip", None) or args.main_process_ip
+        server = RendezvousServer(rendezvous, port, key, host=bind).start()
+    client = RendezvousClient(_address(args.main_process_ip, port), args.machine_rank, key, patience=heartbeat)
     command = [args.script, *args.script_args]
     try:
         client.join(args.num_processes, patience=args.rendezvous_timeout)  # machine 0 may start later
@@ -855,6 +895,11 @@ def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher,
             server.close()
 
 
+def _address(host: str, port: int) -> str:
+    """``host:port`` for a URL (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _final(verdict: Dict[str, str], code: int) -> int:
     """The exit code of a machine whose job is over, with the reason when it is not success."""
     if verdict.get("verdict") == together.FINISHED:
@@ -866,4 +911,4 @@ def _final(verdict: Dict[str, str], code: int) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    return launch(build_parser().parse_args(argv))
+    return launch(parse_launch_args(sys.argv[1:] if argv is None else argv))

@@ -31,8 +31,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def watched(argv: Sequence[str]) -> List[str]:
-    """The command that runs ``argv`` through this wrapper."""
-    return [sys.executable, "-I", os.path.abspath(__file__), *argv]
+    """The command that runs ``argv`` through this wrapper. A ``--`` stands before ``argv``: a
+    launcher that parses this command's arguments (torchrun) then takes none of the script's
+    flags for its own, as Python's argparse would when one abbreviates one of its options."""
+    return [sys.executable, "-I", os.path.abspath(__file__), "--", *argv]
 
 
 def die_with_parent() -> None:
@@ -54,7 +56,8 @@ def main(argv: Sequence[str]) -> None:
     """Run ``argv`` (a program and its arguments; the launcher always passes one) in this process."""
     die_with_parent()
     os.environ[PARENT_VARIABLE] = str(os.getpid())
-    os.execvp(argv[0], list(argv))
+    argv = list(argv[1:] if argv[:1] == ["--"] else argv)  # the "--" of `watched`, if the launcher kept it
+    os.execvp(argv[0], argv)
 
 
 if __name__ == "__main__":

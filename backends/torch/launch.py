@@ -45,7 +45,7 @@ class TorchrunLauncher(Launcher):
         offset = plan.first_index
         tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
         # torchrun's failure summary names the first argument of the worker command, the wrapper
-        wrapper_failed, script_failed = f"{watched([])[-1]} FAILED", f"{plan.command[0]} FAILED"
+        wrapper_failed, script_failed = f"{watched([])[2]} FAILED", f"{plan.command[0]} FAILED"
 
         def label(line: str) -> str:
             match = tag.match(line)

@@ -19,6 +19,7 @@ logger.info("every-process message", main_process_only=False)
 print("RESULT " + json.dumps({
     "index": accelerator.process_index, "local": accelerator.local_process_index,
     "num": accelerator.num_processes, "everyone": everyone, "backend": accelerator.backend,
+    "argv": sys.argv[1:],
 }), flush=True)
 # Each bar would redraw every 0.1 s (unified's at every set_postfix); through the launcher they print
 # their first and last state only (tests/test_launcher.py counts the lines).

@@ -38,6 +38,10 @@ NOT_MESSAGES = {"StopIteration"}
 
 # (file, a fragment of the raise statement's source) -> why it carries no link of its own.
 UNLINKED: Dict[Tuple[str, str], str] = {
+    ("unified/rendezvous.py", "BadRequest("):
+        "the rendezvous's HTTP answer to a launcher, which raises it as RendezvousRefused + see('launch-rendezvous-refused')",
+    ("unified/rendezvous.py", "an answer not signed"):
+        "a client's retry, raised as RendezvousLost + see('launch-rendezvous-lost') once its patience is spent",
     ("unified/checkpoint/safetensors_io.py", "the destination of"):
         "a caller's wrong destination array; `_lay_out` turns it into a CheckpointError with a link",
     ("unified/watchdog.py", "no answer within"):

@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-from unified.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, STOPPED, Rendezvous,
+from unified.job_secret import JobKey
+from unified.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, SIGNATURE_HEADER, STOPPED, Rendezvous,
                                 RendezvousClient, RendezvousLost, RendezvousServer)
+
+KEY = JobKey("test secret of the rendezvous tests, 0123456789abcdef")
 
 
 class Clock:
@@ -143,9 +146,9 @@ def test_a_machine_whose_beat_heard_that_the_job_gave_up_ends_without_machine_0(
     beat heard that the job gave up, so machine 0 counted it told and stopped serving; machine 1
     then reported its own end to nobody and failed with "did not answer" instead of giving up."""
     r = Rendezvous(2, 2, 0, 0.0, heartbeat_timeout=15.0)
-    server = RendezvousServer(r, port=0).start()
+    server = RendezvousServer(r, port=0, key=KEY).start()
     address = f"127.0.0.1:{server.port}"
-    clients = [RendezvousClient(address, machine=m, patience=1.0) for m in (0, 1)]
+    clients = [RendezvousClient(address, machine=m, key=KEY, patience=1.0) for m in (0, 1)]
     try:
         for client in clients:
             client.join(1)
@@ -180,9 +183,9 @@ def test_a_preempted_machine_leaves_and_too_few_machines_give_up_after_the_timeo
 
 def test_the_server_and_client_on_loopback():
     r, clock = _rendezvous(low=1, high=1)
-    server = RendezvousServer(r, port=0).start()
+    server = RendezvousServer(r, port=0, key=KEY).start()
     try:
-        client = RendezvousClient(f"127.0.0.1:{server.port}", machine=0)
+        client = RendezvousClient(f"127.0.0.1:{server.port}", machine=0, key=KEY)
         client.join(2)
         answer = client.wait_for_attempt()
         assert answer["layout"]["machines"] == [0] and answer["layout"]["sizes"] == [2]
@@ -190,7 +193,7 @@ def test_the_server_and_client_on_loopback():
     finally:
         server.close()
     with pytest.raises(RendezvousLost, match=r"did not answer for 0.6s .*cannot go on without machine 0"):
-        RendezvousClient(f"127.0.0.1:{server.port}", machine=1, patience=0.6).join(1)
+        RendezvousClient(f"127.0.0.1:{server.port}", machine=1, key=KEY, patience=0.6).join(1)
 
 
 def test_machine_0_counts_a_machine_told_only_once_its_answer_was_written_out():
@@ -202,7 +205,7 @@ def test_machine_0_counts_a_machine_told_only_once_its_answer_was_written_out():
     assert _layout(r, 0)["machines"] == [0]
     assert r.end(0, 0, DONE)["verdict"] == FINISHED    # the final verdict; machine 1 never joined
     r.delivered(0)
-    server = RendezvousServer(r, port=0).start()
+    server = RendezvousServer(r, port=0, key=KEY).start()
     untold_while_answering = []
     poll = r.poll
 
@@ -213,7 +216,7 @@ def test_machine_0_counts_a_machine_told_only_once_its_answer_was_written_out():
 
     r.poll = poll_and_look
     try:
-        answer = RendezvousClient(f"127.0.0.1:{server.port}", machine=1).wait_for_attempt()
+        answer = RendezvousClient(f"127.0.0.1:{server.port}", machine=1, key=KEY).wait_for_attempt()
         assert answer["verdict"] == FINISHED
         assert untold_while_answering == [{1}]
         give_up = time.monotonic() + 5
@@ -231,16 +234,19 @@ def test_a_truncated_answer_is_asked_again():
     body = json.dumps({"verdict": FINISHED}).encode()
 
     def serve():
-        for answer in (b"HTTP/1.1 200 OK\r\nContent-Length: 74\r\n\r\n",
-                       b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)):
+        for whole in (False, True):
             connection, _ = listener.accept()
             with connection:
-                connection.recv(65536)
-                connection.sendall(answer)
+                request = connection.recv(65536).decode()
+                signature = request.split(f"{SIGNATURE_HEADER}: ", 1)[1].split("\r\n", 1)[0]
+                tag = KEY.sign(b"answer", signature.encode() + b"\0" + body)
+                head = b"HTTP/1.1 200 OK\r\n%s: %s\r\n" % (SIGNATURE_HEADER.encode(), tag.encode())
+                connection.sendall(head + (b"Content-Length: %d\r\n\r\n%s" % (len(body), body) if whole
+                                           else b"Content-Length: 74\r\n\r\n"))
 
     threading.Thread(target=serve, daemon=True).start()
     try:
-        client = RendezvousClient(f"127.0.0.1:{listener.getsockname()[1]}", machine=1, patience=10)
+        client = RendezvousClient(f"127.0.0.1:{listener.getsockname()[1]}", machine=1, key=KEY, patience=10)
         assert client.wait_for_attempt() == {"verdict": FINISHED}
     finally:
         listener.close()
@@ -281,7 +287,7 @@ def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_clien
     seen = {}
 
     class FakeServer:
-        def __init__(self, rendezvous, port):
+        def __init__(self, rendezvous, port, key, host):
             seen["heartbeat_timeout"] = rendezvous.heartbeat_timeout
 
         def start(self):
@@ -291,7 +297,7 @@ def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_clien
             pass
 
     class FakeClient:
-        def __init__(self, address, machine, patience=None):
+        def __init__(self, address, machine, key, patience=None):
             seen.setdefault("patience", []).append(patience)
 
         def join(self, *args, **kwargs):
@@ -299,6 +305,7 @@ def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_clien
 
     monkeypatch.setattr(launch_module, "RendezvousServer", FakeServer)
     monkeypatch.setattr(launch_module, "RendezvousClient", FakeClient)
+    monkeypatch.setenv("UNIFIED_RENDEZVOUS_SECRET", "test secret of the rendezvous tests, 0123456789abcdef")
     script = tmp_path / "s.py"
     script.write_text("")
     for flags, want in (([], 15.0), (["--rendezvous-heartbeat-timeout", "4"], 4.0)):

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from unified.job_secret import SECRET_VARIABLE
 from unified.launch import ProcessGroup, Worker
 
 from .harness import WORKER_SCRIPT
@@ -281,13 +283,14 @@ def run_machine_loss(backend: str, script: Path, shared: Path, *, victim: int, s
     trial = LossTrial(victim, step)
     project = shared / "run"
     survivors = [m for m in range(machines_count) if m != victim]
+    secret = secrets.token_hex(32)  # the job's: every launcher has it
     with Machines(machines_count) as machines:
         launchers = [Worker(machines.argv(m, sys.executable, "-m", "unified", "launch", "--num-machines",
                                           f"2:{machines_count}", "--machine-rank", str(m), "--main-process-ip",
                                           machines.address(0), "--main-process-port", str(PORT), "-n", "1",
                                           "--backend", backend, "--max-restarts", "1", "--rendezvous-last-call", "5",
                                           str(script), str(project), f"lose:{step}:{victim}"),
-                            {**os.environ, **(env or {})})
+                            {**os.environ, SECRET_VARIABLE: secret, **(env or {})})
                      for m in range(machines_count)]
         logs = [shared / f"launch-{m}.log" for m in range(machines_count)]
         group = ProcessGroup(launchers, logs=[str(log) for log in logs], cwd=str(shared)).start()
