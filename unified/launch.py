@@ -64,6 +64,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 OUTPUT_CLOSED_CODE = 128 + signal.SIGPIPE
 # --max-restarts: the next attempt's spares start this long after an attempt (its own start-up first)
 SPARE_DELAY_S = 3.0
+# `unified launch --verbose`: a backend's launcher (torchrun) shows its own output unfiltered
+VERBOSE_VARIABLE = "UNIFIED_LAUNCH_VERBOSE"
 # Workers write into pipes, whose lines we copy: tqdm bars (plain tqdm too, through its own
 # variables) refresh at most every PROGRESS_INTERVAL seconds instead of every 0.1 s. A variable
 # already set in our environment wins.
@@ -112,6 +114,9 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              f"this long is lost (default {HEARTBEAT_TIMEOUT_S:g} s, torchrun's 3 missed keep-alives "
                              f"of 5 s; at least {MIN_HEARTBEAT_TIMEOUT_S:g}): the attempt ends everywhere, and the "
                              "others stop after as long without machine 0")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show what the backend's own launcher says (torchrun's banner, agent log and "
+                             f"failure report); sets {VERBOSE_VARIABLE}=1")
     parser.add_argument("--rendezvous-bind-ip", "--rendezvous_bind_ip", default=None, metavar="ADDRESS",
                         help="several machines with --max-restarts: the address of machine 0 its rendezvous listens "
                              "on (default --main-process-ip; 0.0.0.0 listens on every interface). Requests must be "
@@ -160,7 +165,7 @@ class Worker:
 
     argv: List[str]
     env: Dict[str, str]
-    label: Callable[[str], str] = field(default=lambda line: line)
+    label: Callable[[str], Optional[str]] = field(default=lambda line: line)  # None: leave the line out
     service: bool = False  # runs until the workers ended (then SIGTERM), its exit is not a result
     # starts the workers itself (torchrun): signals meant for the workers go to the processes it
     # started through `unified.parent_watch`, and its exit code only summarises theirs
@@ -413,12 +418,15 @@ def _note(message: str) -> None:
         _discard(sys.stderr)
 
 
-def _pump(stream: IO[bytes], label: Callable[[str], str], output: _Output) -> None:
-    """Copy a child's output, line by line and labelled, until the child closes it."""
+def _pump(stream: IO[bytes], label: Callable[[str], Optional[str]], output: _Output) -> None:
+    """Copy a child's output, line by line and labelled, until the child closes it; a fragment
+    whose label is ``None`` is left out (an agent's noise, `Worker.label`)."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         # progress bars redraw with "\r": label every redrawn fragment, not only the first
-        output.write("\r".join(label(part) if part else part for part in line.split("\r")) + "\n")
+        parts = [label(part) if part else part for part in line.split("\r")]
+        if any(part is not None for part in parts):
+            output.write("\r".join(part for part in parts if part is not None) + "\n")
     stream.close()
 
 
@@ -778,6 +786,8 @@ def launch(args: argparse.Namespace) -> int:
     _validate(args)
     if getattr(args, "mixed_precision", None):
         os.environ[PRECISION_VARIABLE] = args.mixed_precision  # the workers inherit it
+    if getattr(args, "verbose", False):
+        os.environ[VERBOSE_VARIABLE] = "1"
     preemption_signals = resolve_preemption_signals(getattr(args, "preemption_signals", None))  # checked by _validate
     if getattr(args, "preemption_signals", None):
         os.environ[SIGNALS_VARIABLE] = signal_names(preemption_signals)  # the workers' Accelerators count the same

@@ -3,12 +3,13 @@ workers (`backends.torch.coordinator`), and `unified launch` through torch's own
 (torchrun)."""
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import Dict, List, Optional
 
 from unified.environment import ProcessEnvironment
-from unified.launch import Launcher, LaunchPlan, Worker
+from unified.launch import VERBOSE_VARIABLE, Launcher, LaunchPlan, Worker
 from unified.parent_watch import PARENT_VARIABLE, watched
 
 
@@ -42,21 +43,80 @@ class TorchrunLauncher(Launcher):
             "--no-python", *watched([sys.executable, "-u", *plan.command]),
         ]
         argv = [sys.executable, "-m", "torch.distributed.run", *args]
-        offset = plan.first_index
-        tag = re.compile(r"\[(?:default|rank)(\d+)\]:")
-        # torchrun's failure summary names the first argument of the worker command, the wrapper
-        wrapper_failed, script_failed = f"{watched([])[2]} FAILED", f"{plan.command[0]} FAILED"
-
-        def label(line: str) -> str:
-            match = tag.match(line)
-            if not match:
-                return f"[launcher] {line.replace(wrapper_failed, script_failed)}"
-            # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
-            return tag.sub(lambda m: f"[{offset + int(m.group(1))}] ", line)
-
+        # torchrun sets 1 itself when it is unset, with a banner on every launch: set it first, same value
+        env = {**plan.base_env(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        output = TorchrunOutput(plan.first_index, plan.command[0], verbose=os.environ.get(VERBOSE_VARIABLE) == "1")
         # --max-restarts: the next attempt's torchrun is started ahead as this module (`serve_as_spare`)
         spare = ([sys.executable, "-m", "backends.torch.launch"], args)
-        return [Worker(argv, plan.base_env(), label, agent=True, spare=spare)]
+        return [Worker(argv, env, output.label, agent=True, spare=spare)]
+
+
+class TorchrunOutput:
+    """What `unified launch` shows of one torchrun's output: the workers' lines (tagged
+    ``[rankN]:`` by ``--tee``) under their global process index; of torchrun's own, what is news to
+    the user. Its agent log lines (``W1206 07:28:49.33 ... elastic/...``) and the
+    ``ChildFailedError`` traceback with its failure report are left out: the launcher says in its
+    own words that a process failed and stopped the others; the report's root cause is kept as one
+    line. Any other traceback of torchrun's (it could not start, say) is shown whole. ``verbose``:
+    everything, as torchrun printed it (``unified launch --verbose``).
+
+    Example:
+        >>> out = TorchrunOutput(first_index=2, script="train.py")
+        >>> out.label("[rank1]:step 3"), out.label("W1206 07:28:49.337000 19038 torch/distributed/elastic/api.py:1028] x")
+        ('[3] step 3', None)
+    """
+
+    _TAG = re.compile(r"\[(?:default|rank)(\d+)\]:")
+    _AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S*torch/distributed/")
+    _ROOT_CAUSE = re.compile(r"^\s*rank\s*:\s*(\d+)|^\s*exitcode\s*:\s*(-?\d+)(?:.*\((SIG\w+)\))?")
+
+    def __init__(self, first_index: int, script: str, verbose: bool = False) -> None:
+        self.offset, self.verbose = first_index, verbose
+        # torchrun's failure summary names the first argument of the worker command, the wrapper
+        self.wrapper_failed, self.script_failed = f"{watched([])[2]} FAILED", f"{script} FAILED"
+        self.held: Optional[List[str]] = None  # a traceback of torchrun's, until its exception is known
+        self.report = False                      # inside ChildFailedError's report
+        self.cause: Dict[str, str] = {}
+
+    def label(self, line: str) -> Optional[str]:
+        match = self._TAG.match(line)
+        if match:  # torchrun tags every fragment it copies, so tags can also stand after a "\r" mid-line
+            return self._TAG.sub(lambda m: f"[{self.offset + int(m.group(1))}] ", line)
+        line = line.replace(self.wrapper_failed, self.script_failed)
+        if self.verbose:
+            return f"[launcher] {line}"
+        if self.report:
+            return self._in_report(line)
+        if self.held is not None:
+            if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+                self.held, self.report = None, True
+                return None
+            self.held.append(line)
+            if line and not line.startswith(" "):  # the exception line of another traceback: show it whole
+                shown, self.held = self.held, None
+                return "\n".join(f"[launcher] {held}" for held in shown)
+            return None
+        if line.startswith("Traceback (most recent call last):"):
+            self.held = [line]
+            return None
+        if self._AGENT_LOG.match(line) or line.strip("* ") == "" or "Setting OMP_NUM_THREADS" in line:
+            return None
+        return f"[launcher] {line}"
+
+    def _in_report(self, line: str) -> Optional[str]:
+        """ChildFailedError's report: keep its root cause (the last ``rank``/``exitcode`` in it)."""
+        found = self._ROOT_CAUSE.match(line)
+        if found and found.group(1):
+            self.cause["rank"] = found.group(1)
+        elif found and found.group(2):
+            self.cause["code"] = found.group(2) + (f" ({found.group(3)})" if found.group(3) else "")
+        if "Root Cause" in line:
+            self.cause = {}
+        if line.startswith("=====") and self.cause.get("rank") and "code" in self.cause:
+            self.report = False
+            return (f"[launcher] torchrun: the first process to fail was process {self.offset + int(self.cause['rank'])}, "
+                    f"exit code {self.cause['code']}")
+        return None
 
 
 LAUNCHER = TorchrunLauncher()
