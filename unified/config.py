@@ -12,7 +12,7 @@ from .errors import see
 __all__ = ["ProjectConfiguration", "DistributedType", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
 
 
-class DistributedType(str, enum.Enum):
+class DistributedType(enum.StrEnum):
     """How the processes of a run are connected: Accelerate's values, the contract's ``JAX``, and
     any other upper-case value a backend declares (``Backend.group_distributed_type``).
 
@@ -40,9 +40,6 @@ class DistributedType(str, enum.Enum):
     MEGATRON_LM = "MEGATRON_LM"
     MULTI_HPU = "MULTI_HPU"
     MULTI_NEURON = "MULTI_NEURON"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def _missing_(cls, value: object) -> "DistributedType":

@@ -47,7 +47,7 @@ EXTRA = "unified[tracking]"
 logger = logging.getLogger(__name__)
 
 
-class LoggerType(str, enum.Enum):
+class LoggerType(enum.StrEnum):
     """The tracker names ``log_with`` accepts (Accelerate's `LoggerType`); plain strings work too.
 
     Example:
@@ -60,9 +60,6 @@ class LoggerType(str, enum.Enum):
     TENSORBOARD = "tensorboard"
     MLFLOW = "mlflow"
     WANDB = "wandb"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class TrackerUnavailable(UnifiedError, ImportError):
