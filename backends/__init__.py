@@ -7,6 +7,8 @@ backend imports another; what two backends share lives in `backends/common.py`
 - ``__init__.py``: ``SPEC``, read without importing the framework;
 - ``core.py``: the Backend class (lifecycle, arrays and their export, RNG, training objects),
   into which the concern modules below are mixed;
+- ``tensors.py``: the framework's arrays to and from host memory and checkpoint bytes, the bottom
+  module every other one may import (none imports ``core``);
 - ``control.py``: the control plane (barrier, flags, small bytes, the health channel);
 - ``coordinator.py``: the rendezvous service in a process of its own (``python -m``);
 - ``data.py``: prepared loaders and the placement of batches;

@@ -78,7 +78,7 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
 
     if not isinstance(loader, DataLoader):
         return None
-    from unified.streams import HuggingFaceStream, PreparedStreamLoader, is_hf_iterable
+    from unified.data.streams import HuggingFaceStream, PreparedStreamLoader, is_hf_iterable
 
     if is_hf_iterable(loader.dataset):  # each process reads its own shards, with the loader's workers
         if loader.batch_size is None:
@@ -91,7 +91,7 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         if loader.batch_size is None:
             raise NotImplementedError("prepare() of a torch DataLoader over an IterableDataset needs batch_size=."
                                       + see("torch-iterable-dataset"))
-        if loader.num_workers:  # each worker of each process reads its own part (`unified.streams.ReaderStream`)
+        if loader.num_workers:  # each worker of each process reads its own part (`unified.data.streams.ReaderStream`)
             return PreparedStreamLoader(_reader_stream(loader, backend, seed), backend, loader.drop_last)
         return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
     loader_seed = int(seed or 0)
@@ -186,11 +186,11 @@ def _stateful_loader_maker(loader: Any) -> Optional[Any]:
 
 # -- iterable datasets read by DataLoader workers: every worker of every process one reader ---------
 def _reader_stream(loader: Any, backend: Any, seed: Optional[int]) -> Any:
-    """The `unified.streams.ReaderStream` of a torch DataLoader with workers over an IterableDataset.
+    """The `unified.data.streams.ReaderStream` of a torch DataLoader with workers over an IterableDataset.
     Without torchdata the loader is torch's own, and a resume reads the taken batches again."""
     import torch
 
-    from unified.streams import ReaderStream
+    from unified.data.streams import ReaderStream
 
     from .torch_readers import AsGlobalReader, Readers, StatefulReaders
 
@@ -251,7 +251,7 @@ class _SamplerSource:
     def draw(self, epoch: int) -> Any:
         import torch
 
-        from unified.data import derived_seed, seeded_host_rngs
+        from unified.data.orders import derived_seed, seeded_host_rngs
 
         for owner in (self.sampler, getattr(self.sampler, "sampler", None)):
             if callable(getattr(owner, "set_epoch", None)):

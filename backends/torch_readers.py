@@ -1,12 +1,12 @@
 """Iterable datasets read by DataLoader workers, every worker of every process one reader (the
-torch side of `unified.streams.ReaderStream`; shared by every backend that adapts torch loaders,
+torch side of `unified.data.streams.ReaderStream`; shared by every backend that adapts torch loaders,
 imported only when such a loader is prepared).
 
 Worker ``w`` of ``W`` in process ``rank`` of ``P`` is reader ``rank*W + w`` of ``P*W``: its
 ``get_worker_info()`` says so, so a dataset that splits its reading by worker (torch's documented
 idiom) reads only its part, and no process reads the whole stream. A dataset that does not look
 at its worker info is a stream that has to be read whole: worker 0 of each process reads it and
-keeps the process's blocks of a batch (`unified.streams.own_blocks`: process ``r`` the blocks
+keeps the process's blocks of a batch (`unified.data.streams.own_blocks`: process ``r`` the blocks
 ``r, r + P, ...``, as without workers), the other workers end after their first item; the
 processes' batches are still disjoint and cover it once.
 
@@ -108,7 +108,7 @@ class Readers(IterableDataset):
         self._splits: Optional[bool] = None
 
     def __iter__(self) -> Iterator[Any]:
-        from unified.streams import own_blocks
+        from unified.data.streams import own_blocks
 
         process, processes, worker, _ = reader_of(worker_info_slot())
         items = iter(self.dataset)

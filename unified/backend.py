@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import MissingCapability, see
+from .errors import InvalidBackend, MissingCapability, see
 
 # An exported array: (safetensors dtype name, shape, contiguous uint8 NumPy view of its bytes)
 Exported = Tuple[str, Tuple[int, ...], Any]
@@ -75,8 +75,6 @@ class Backend(abc.ABC):
     local_num_processes: int = 1
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Backend":
-        from .registry import check_backend_class
-
         check_backend_class(cls)  # our message, naming every missing method, before ABC's
         return super().__new__(cls)
 
@@ -591,3 +589,14 @@ def require(backend: Backend, capability: type, what: str) -> Any:
         + see("missing-capability")
     )
 
+
+def check_backend_class(cls: type) -> None:
+    """Raise `InvalidBackend` naming every required method ``cls`` does not implement."""
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise InvalidBackend(
+            f"{cls.__module__}.{cls.__qualname__} does not implement {', '.join(missing)}: a unified backend "
+            "must implement every abstract method of unified.Backend and of the capabilities it inherits "
+            "(see docs/adding-a-backend.md)."
+            + see("invalid-backend-class")
+        )

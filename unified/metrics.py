@@ -2,7 +2,7 @@
 `pad_across_processes`.
 
 Which gathered rows are repeats. A prepared loader evens out the end of an epoch: its last global
-batch is filled up with samples it already gave (unified/data.py), so that every process gets a
+batch is filled up with samples it already gave (unified/data/), so that every process gets a
 batch. While a prepared loader is iterated it tells the Accelerator's `ActiveLoaders` (as
 Accelerate's ``GradientState`` tracks the loader being iterated), and its `BatchLayout` says, for
 the batch in use, how many rows each process holds and how many of them, from the first, are new.

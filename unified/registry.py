@@ -24,6 +24,7 @@ import importlib.util
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from .backend import Backend, check_backend_class
 from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE
 from .errors import BackendUnavailable, InvalidBackend, see
 
@@ -148,8 +149,6 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
 
 def create_backend(name: str) -> Any:
     """Instantiate the backend registered under ``name`` (importing its framework now)."""
-    from .backend import Backend
-
     spec = backend_spec(name)
     if not _installed(spec.framework):
         raise BackendUnavailable(
@@ -161,15 +160,3 @@ def create_backend(name: str) -> Any:
         raise InvalidBackend(f"{spec.backend} (backend {name!r}) is not a unified.Backend subclass." + see("invalid-backend-class"))
     check_backend_class(cls)
     return cls()
-
-
-def check_backend_class(cls: type) -> None:
-    """Raise `InvalidBackend` naming every required method ``cls`` does not implement."""
-    missing = sorted(getattr(cls, "__abstractmethods__", ()))
-    if missing:
-        raise InvalidBackend(
-            f"{cls.__module__}.{cls.__qualname__} does not implement {', '.join(missing)}: a unified backend "
-            "must implement every abstract method of unified.Backend and of the capabilities it inherits "
-            "(see docs/adding-a-backend.md)."
-            + see("invalid-backend-class")
-        )

@@ -30,6 +30,7 @@ from unified.errors import DistributedError, see
 from unified.libc import return_free_heap
 from unified.network import route_to
 
+from .tensors import check_like, host_copy, is_global, is_key, local_value, place, reshard, shares_memory
 from . import private
 from .control import JaxControlPlane, _Caller
 from .data import JaxData
@@ -164,7 +165,7 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
 
     def _gathered(self, arrays: Sequence[Any], key: str, timeout: float, tiled: bool) -> List[np.ndarray]:
         self.barrier(f"{key} (arrival)", timeout)  # device collectives cannot time out: meet first
-        return [np.asarray(multihost_utils.process_allgather(_local_value(a), tiled=tiled)) for a in arrays]
+        return [np.asarray(multihost_utils.process_allgather(local_value(a), tiled=tiled)) for a in arrays]
 
     def all_gather_arrays(self, arrays: Sequence[Any], key: str, timeout: float) -> List[Any]:
         arrays = [a.reshape(1) if a.ndim == 0 else a for a in arrays]
@@ -180,7 +181,7 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         return np.asarray(jax.device_get(value))
 
     def pad_array(self, value: Any, dim: int, length: int, pad_index: Any, pad_first: bool) -> Any:
-        value = jnp.asarray(_local_value(value)) if not value.is_fully_addressable else value
+        value = jnp.asarray(local_value(value)) if not value.is_fully_addressable else value
         widths = [(0, 0)] * value.ndim
         extra = length - value.shape[dim]
         widths[dim] = (extra, 0) if pad_first else (0, extra)
@@ -210,12 +211,12 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
     def export_array(self, value: Any):
         from unified.checkpoint.safetensors_io import export_numpy
 
-        return export_numpy(_host_copy(value))
+        return export_numpy(host_copy(value))
 
     def describe_array(self, value: Any):
         from unified.checkpoint.safetensors_io import safetensors_dtype
 
-        if _is_key(value):
+        if is_key(value):
             value = jax.eval_shape(jax.random.key_data, value)
         return safetensors_dtype(np.dtype(value.dtype)), tuple(value.shape)
 
@@ -232,10 +233,10 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
     def full_array(self, value: Any, key: str, timeout: float) -> np.ndarray:
         """The whole of one array on every process: an array split across processes is gathered
         (all processes meet at a timed barrier first: the gather itself cannot time out)."""
-        if _is_key(value):
+        if is_key(value):
             value = jax.random.key_data(value)
-        if not _is_global(value) or value.is_fully_replicated:
-            return _host_copy(value)
+        if not is_global(value) or value.is_fully_replicated:
+            return host_copy(value)
         self.barrier(f"{key} (arrival)", timeout)
         return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
@@ -254,9 +255,9 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         # every other leaf starts from process 0's values on every process, as DDP does.
         # One process: its arrays are placed as they are (`_write_back`: no copy, and the memory
         # stays XLA's own, which a load may then write in place: `_Slot.writable_in_place`).
-        local = [i for i, leaf in enumerate(leaves) if not _is_global(leaf)
-                 and (self.num_processes > 1 or not isinstance(leaf, jax.Array) or _is_key(leaf))]
-        host = [_host_copy(leaves[i]) for i in local]
+        local = [i for i, leaf in enumerate(leaves) if not is_global(leaf)
+                 and (self.num_processes > 1 or not isinstance(leaf, jax.Array) or is_key(leaf))]
+        host = [host_copy(leaves[i]) for i in local]
         if self.num_processes > 1:
             self.barrier(f"prepare {kind} (arrival)", 600.0)
             host = [np.asarray(h) for h in multihost_utils.broadcast_one_to_all(host)]
@@ -282,7 +283,7 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         annotated, devices = annotations(obj), self.mesh.devices.size
 
         def sharding_of(like: Any, path: Tuple[Any, ...]) -> Any:
-            if _is_key(like) or not hasattr(like, "shape"):
+            if is_key(like) or not hasattr(like, "shape"):
                 return replicated
             return NamedSharding(self.mesh, partition_spec(tuple(like.shape), devices, annotated.get(path)))
 
@@ -307,7 +308,7 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
 
         def slot(variable: Any) -> Optional[_Slot]:
             value = variable.get_value() if isinstance(variable, nnx.Variable) else None
-            return _Slot(variable, handover) if isinstance(value, jax.Array) and not _is_key(value) else None
+            return _Slot(variable, handover) if isinstance(value, jax.Array) and not is_key(value) else None
 
         return nnx.to_pure_dict(nnx.state(obj), extract_fn=slot)
 
@@ -334,9 +335,9 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
                 return {k: merge(like[k], value[k], path + (k,)) for k in like}
             sharding = sharding_of(like, path)
             if isinstance(value, jax.Array):  # restored by Orbax, replaced by a load (`_Slot`), or built so
-                _check_like(value, like, "/".join(map(str, path)))
-                return value if value.sharding == sharding else _reshard(value, sharding)
-            return _place(np.asarray(value), like, sharding, "/".join(map(str, path)))
+                check_like(value, like, "/".join(map(str, path)))
+                return value if value.sharding == sharding else reshard(value, sharding)
+            return place(np.asarray(value), like, sharding, "/".join(map(str, path)))
 
         state = nnx.state(obj)
         nnx.replace_by_pure_dict(state, merge(current, values, ()))
@@ -422,10 +423,10 @@ class _Slot(Replaceable):
 
     def replace(self, host: np.ndarray) -> None:
         like = self._variable.get_value()
-        new = _place(host, like, like.sharding, type(self._variable).__name__)
+        new = place(host, like, like.sharding, type(self._variable).__name__)
         new.block_until_ready()  # the copy from ``host`` is done (a device's): the caller reuses its memory next
-        if not self.keeps_host and _shares_memory(new, host):  # aliased a buffer the caller reuses: a copy of its own
-            new = _place(np.array(host, copy=True), like, like.sharding, type(self._variable).__name__)
+        if not self.keeps_host and shares_memory(new, host):  # aliased a buffer the caller reuses: a copy of its own
+            new = place(np.array(host, copy=True), like, like.sharding, type(self._variable).__name__)
         self._variable.set_value(new)  # the old array is freed here unless the script holds it
         if all(device.platform == "cpu" for device in new.devices()):
             _freed(host.nbytes)
@@ -436,7 +437,7 @@ class _Slot(Replaceable):
 
     def adopt(self, value: Any) -> None:
         like = self._variable.get_value()
-        _check_like(value, like, type(self._variable).__name__)
+        check_like(value, like, type(self._variable).__name__)
         if value.sharding != like.sharding:  # the reader places it as `like` was
             raise ValueError(f"{type(self._variable).__name__}: the new array is not placed like the current one."
                              + see("placing-failed"))
@@ -454,7 +455,7 @@ def _donating_identity(count: int) -> Any:
 def _plain_cpu_array(value: Any) -> bool:
     """A committed-or-not `jax.Array` on one CPU device, dense and row-major (its bytes are the
     safetensors entry's, at `unsafe_buffer_pointer`)."""
-    if not isinstance(value, jax.Array) or _is_key(value) or value.is_deleted():
+    if not isinstance(value, jax.Array) or is_key(value) or value.is_deleted():
         return False
     devices = value.sharding.device_set
     if len(devices) != 1 or next(iter(devices)).platform != "cpu" or value.nbytes == 0:
@@ -492,69 +493,3 @@ def _freed(nbytes: int) -> None:
     if _since_trim >= _TRIM_EVERY:
         _since_trim = 0
         return_free_heap()
-
-
-def _shares_memory(value: Any, host: np.ndarray) -> bool:
-    """Whether a CPU buffer of ``value`` lies inside ``host``'s memory."""
-    start, end = host.ctypes.data, host.ctypes.data + host.nbytes
-    for shard in value.addressable_shards:
-        if shard.device.platform == "cpu" and start <= shard.data.unsafe_buffer_pointer() < max(end, start + 1):
-            return True
-    return False
-
-
-def _check_like(host: Any, like: Any, path: str) -> None:
-    """``host`` (a NumPy or JAX array) has ``like``'s dtype and shape (a typed key: any)."""
-    if not _is_key(like) and (tuple(host.shape) != tuple(like.shape) or host.dtype != like.dtype):
-        raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; the checkpoint has {host.dtype}{list(host.shape)}")
-
-
-def _is_global(value: Any) -> bool:
-    """A `jax.Array` with parts on other processes (this process cannot copy it whole)."""
-    return isinstance(value, jax.Array) and not value.is_fully_addressable
-
-
-def _reshard(value: Any, sharding: Any) -> Any:
-    """``value`` moved to ``sharding`` on the devices, no host copy: `jax.device_put` for an array
-    this process holds whole (nothing to compile), else a collective inside ``jit``."""
-    if value.is_fully_addressable:
-        return jax.device_put(value, sharding)
-    return jax.jit(lambda x: x, out_shardings=sharding)(value)
-
-
-def _is_key(value: Any) -> bool:
-    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
-
-
-def _host_copy(value: Any) -> np.ndarray:
-    """A NumPy copy of an array this process holds whole (typed PRNG keys as their key data)."""
-    if _is_key(value):
-        value = jax.random.key_data(value)
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        if not value.is_fully_replicated:
-            raise TypeError(
-                "an array sharded across processes cannot be saved by one process yet; keep the state "
-                "replicated (accelerator.prepare does) or save it with Orbax." + see("sharded-array")
-            )
-        value = value.addressable_shards[0].data
-    return np.asarray(jax.device_get(value))
-
-
-def _place(host: np.ndarray, like: Any, sharding: Any, path: str) -> Any:
-    """``host`` as a global array with ``like``'s dtype (or key type) and the given sharding."""
-    if _is_key(like):
-        data = jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
-    _check_like(host, like, path)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-
-def _local_value(value: Any) -> np.ndarray:
-    """This process's own value of an array: a replicated global array's copy, or the rows of a
-    global array that this process holds (a jitted step's outputs are global arrays)."""
-    if isinstance(value, jax.Array) and not value.is_fully_addressable:
-        if value.is_fully_replicated:
-            return np.asarray(value.addressable_shards[0].data)
-        shards = sorted(value.addressable_shards, key=lambda s: s.index[0].start or 0 if s.index else 0)
-        return np.concatenate([np.asarray(s.data) for s in shards])
-    return np.asarray(value)

@@ -22,7 +22,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backends.common import next_instance
 from unified.backend import ArrayCollectives, Autograd, Backend, Replaceable, TrainingObjects, WriteGuards
-from unified.checkpoint.safetensors_io import DTYPE_NAMES
 from unified.environment import ProcessEnvironment
 from unified.errors import see
 from unified.network import route_to
@@ -32,6 +31,7 @@ from .control import TorchControlPlane
 from .data import TorchData
 from .loop import PreparedScheduler, TorchTrainingLoop
 from .sharding import TorchSharding
+from .tensors import SAFETENSORS_DTYPES, export_contiguous, export_tensor, storable, tensor_from_numpy, whole_local
 
 # How long the exit hook may spend leaving the process group (`TorchBackend._leave_at_exit`).
 _LEAVE_AT_EXIT_S = 10.0
@@ -52,41 +52,6 @@ def _bind_gloo_to_the_route_to_the_main_process() -> None:
     route = route_to(os.environ.get("MASTER_ADDR", "127.0.0.1"))
     if route is not None and route[1] is not None:
         os.environ["GLOO_SOCKET_IFNAME"] = route[1]
-
-
-def _whole_local(tensor: Any) -> Any:
-    """``tensor`` itself; for a DTensor that every process holds whole (``Replicate`` only; a
-    split one is saved through the sharded format), its local tensor."""
-    placements = getattr(tensor, "placements", None)
-    if placements is None:
-        return tensor
-    if all(type(p).__name__ == "Replicate" for p in placements):
-        return tensor.to_local()
-    raise TypeError(f"a DTensor with placements {tuple(map(str, placements))} cannot be saved: one with a Partial "
-                    "placement is a sum not yet reduced; call .redistribute(placements=[Replicate()]) or "
-                    ".full_tensor() first." + see("dtype-not-storable"))
-
-
-def _storable(dtype: Any) -> str:
-    """The safetensors name of ``dtype``; a `TypeError` for one safetensors cannot hold."""
-    if dtype not in _SAFETENSORS_DTYPES:
-        raise TypeError(f"tensors of dtype {dtype} cannot be stored in safetensors." + see("dtype-not-storable"))
-    return _SAFETENSORS_DTYPES[dtype]
-
-
-def _exported(host: torch.Tensor) -> Tuple[str, Tuple[int, ...], np.ndarray]:
-    """`export_tensor`'s triple over a contiguous CPU tensor's own memory."""
-    raw = host.reshape(-1).view(torch.uint8).numpy() if host.numel() else np.empty(0, np.uint8)
-    return _storable(host.dtype), tuple(host.shape), raw
-
-
-def export_tensor(value: Any) -> Tuple[str, Tuple[int, ...], np.ndarray]:
-    """(safetensors dtype, shape, uint8 NumPy view of the bytes) of a tensor: a view of the
-    tensor's own memory when it is a contiguous CPU tensor, else of a contiguous CPU copy."""
-    tensor = _whole_local(value.detach())
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    return _exported(tensor.contiguous())
 
 
 class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards,
@@ -204,7 +169,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
 
     def from_numpy(self, value: Any, like: Any = None) -> torch.Tensor:
         value = np.asarray(value)
-        tensor = _tensor_from_numpy(value if value.flags.c_contiguous and value.flags.aligned else value.copy(order="C"))
+        tensor = tensor_from_numpy(value if value.flags.c_contiguous and value.flags.aligned else value.copy(order="C"))
         tensor = tensor.to(like.device if like is not None else self._device)
         if getattr(like, "placements", None) is not None:  # a replicated DTensor: one again, on its mesh
             from torch.distributed.tensor import DTensor
@@ -248,7 +213,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         return export_tensor(value)
 
     def describe_array(self, value: Any):
-        return _storable(value.dtype), tuple(value.shape)
+        return storable(value.dtype), tuple(value.shape)
 
     def writable_host_bytes(self, value: Any) -> Optional[np.ndarray]:
         """A plain tensor's (or parameter's) own bytes when it is a contiguous CPU tensor of a
@@ -257,7 +222,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
                 or not value.is_contiguous() or value.is_conj() or value.is_neg():
             return None
         try:
-            return _exported(value.detach())[2]
+            return export_contiguous(value.detach())[2]
         except (TypeError, ValueError, RuntimeError):  # a dtype checkpoints do not store
             return None
 
@@ -316,10 +281,10 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         """A CUDA tensor of an async save: copied into pinned host memory on a stream of its own
         (after the work already queued, the last optimizer step included), without waiting.
         Other tensors: ``None``, exported as usual."""
-        tensor = _whole_local(value.detach())  # a replicated DTensor: its local tensor, as export_tensor
+        tensor = whole_local(value.detach())  # a replicated DTensor: its local tensor, as export_tensor
         if tensor.device.type != "cuda":
             return None
-        _storable(tensor.dtype)  # refused before any memory is pinned
+        storable(tensor.dtype)  # refused before any memory is pinned
         if self._staging is None:
             self._staging = torch.cuda.Stream(device=tensor.device)
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
@@ -327,7 +292,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         with torch.cuda.stream(self._staging):
             host.copy_(tensor, non_blocking=True)
         tensor.record_stream(self._staging)  # its memory is not reused before the copy ran
-        return _exported(host)
+        return export_contiguous(host)
 
     def staged(self) -> Any:
         """The training stream's next kernels (an optimizer step that changes the saved tensors
@@ -408,7 +373,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         from unified.tree import flatten
 
         leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
-        tensors = [_tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x
+        tensors = [tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x
                    for x in leaves]
         if self.sharding_enabled and self.sharded_load_state_into(kind, obj, rebuild(tensors)):
             return
@@ -452,7 +417,7 @@ class _FilledOnDevice(Replaceable):
 def _fillable_on_device(tensor: torch.Tensor) -> bool:
     return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type not in ("cpu", "meta")
             and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
-            and tensor.dtype in _SAFETENSORS_DTYPES)
+            and tensor.dtype in SAFETENSORS_DTYPES)
 
 
 def _take_over(module: torch.nn.Module, state: Mapping[str, Any]) -> bool:
@@ -477,21 +442,3 @@ def _take_over(module: torch.nn.Module, state: Mapping[str, Any]) -> bool:
         for key, current in live.items():
             current.data = state[key]
     return True
-
-
-def _tensor_from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A tensor sharing ``array``'s memory."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        bits = _VIA_BITS.get(array.dtype.name)  # ml_dtypes types torch.from_numpy does not know
-        if bits is not None:
-            return torch.from_numpy(array.view(bits)).view(getattr(torch, array.dtype.name))
-        return torch.from_numpy(array)
-
-
-_VIA_BITS = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8}
-
-
-# torch dtype -> safetensors name, for the dtypes torch and the format share
-_SAFETENSORS_DTYPES = {getattr(torch, numpy_name): name for name, numpy_name in DTYPE_NAMES.items()
-                       if isinstance(getattr(torch, numpy_name, None), torch.dtype)}

@@ -10,6 +10,9 @@ import torch
 
 from backends.common import prepare_torch_loader
 from unified.backend import ForeignLoaders
+from unified.tree import flatten
+
+from .tensors import tensor_from_numpy
 
 __all__ = ["TorchData"]
 
@@ -21,14 +24,10 @@ class TorchData(ForeignLoaders):
         return prepare_torch_loader(self, loader, seed)
 
     def place_batch(self, batch: Any) -> Any:
-        from unified.tree import flatten
-
-        from .core import _tensor_from_numpy
-
         leaves, rebuild = flatten(batch, lambda x: not isinstance(x, (dict, list, tuple)))
         placed = []
         for leaf in leaves:
             if isinstance(leaf, np.ndarray):
-                leaf = _tensor_from_numpy(leaf)
+                leaf = tensor_from_numpy(leaf)
             placed.append(leaf.to(self._device, non_blocking=True) if isinstance(leaf, torch.Tensor) else leaf)
         return rebuild(placed)

@@ -38,11 +38,11 @@ from unified.checkpoint.store import headers_of, location_of, private_copy
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
-from .core import _SAFETENSORS_DTYPES, export_tensor
+from .tensors import SAFETENSORS_DTYPES, export_tensor
 
 __all__ = ["HashingWriter", "HashingReader", "Fill", "fill"]
 
-_TORCH_DTYPES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
+_TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 # torch/distributed/checkpoint/_hf_utils.py: what its reader looks up in a file's __metadata__
 _SHARDING_INFO = "DCP_SHARDING_INFO"
 _SAVED_OFFSETS = "saved_offsets"
@@ -235,7 +235,7 @@ class HashingReader(HuggingFaceStorageReader):
                 return False
             size, start, entries = self._headers[path] if self.store is not None else safetensors_io.header_of_file(path)
             fits = all(key in targets or 0 in shape for key, (_, shape, _, _) in entries.items()) \
-                and all(target.dtype in _SAFETENSORS_DTYPES and key in entries
+                and all(target.dtype in SAFETENSORS_DTYPES and key in entries
                         and export_tensor(target)[:2] == entries[key][:2] for key, (_, target) in targets.items())
             if not fits:
                 return False
@@ -284,7 +284,7 @@ class HashingReader(HuggingFaceStorageReader):
             item_target = targets.get(key)
             if item_target is None:  # DCP asks for no empty tensor: nothing to read
                 return np.empty(0, np.uint8) if 0 in shape else None
-            if item_target[1].dtype not in _SAFETENSORS_DTYPES:
+            if item_target[1].dtype not in SAFETENSORS_DTYPES:
                 return None
             stored_as, target_shape, raw = export_tensor(item_target[1])  # a view: contiguous, on the CPU
             if (stored_as, target_shape) != (dtype, shape):

@@ -56,13 +56,13 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
     ("unified/checkpoint/codec.py", "levels deep (a container"):
         "wrapped by CheckpointManager.snapshot as 'cannot save …: …' + see('cannot-save')",
-    ("unified/data.py", "the data loader's epoch has"):
+    ("unified/data/loaders.py", "the data loader's epoch has"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
-    ("unified/data.py", "was not prepared from a batch sampler"):
+    ("unified/data/samplers.py", "was not prepared from a batch sampler"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
-    ("unified/data.py", "the batch sampler gives"):
+    ("unified/data/samplers.py", "the batch sampler gives"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
-    ("unified/data.py", "cannot resume after {seen}"):
+    ("unified/data/layout.py", "cannot resume after {seen}"):
         "resume_position error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/torch/core.py", "parameter group(s); this run's has"):
         "check_loadable error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
@@ -78,7 +78,7 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/torch/loop.py", "AttributeError(name)"):
         "__getattr__ of a wrapper: the attribute protocol (not set yet while unpickling)",
-    ("unified/data.py", "outside an epoch of"):
+    ("unified/data/orders.py", "outside an epoch of"):
         "IndexError of ShuffledOrder.__getitem__: the sequence protocol, as for a list",
 }
 

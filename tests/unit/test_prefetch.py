@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from unified.data import DataLoader, PreparedDataLoader
-from unified.prefetch import prefetched
+from unified.data.prefetch import prefetched
 
 
 class _Recording:

@@ -1,4 +1,4 @@
-"""`unified.streams`: streams each process reads on its own, in one process with the other
+"""`unified.data.streams`: streams each process reads on its own, in one process with the other
 processes stood in for (their row counts and states come from a fake exchange), and the library
 adapters (Hugging Face datasets, Grain, torch samplers' seeds) on real libraries."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-from unified.streams import GrainLoaderStream, HuggingFaceStream, PreparedStreamLoader
+from unified.data.streams import GrainLoaderStream, HuggingFaceStream, PreparedStreamLoader
 
 
 class Placement:
@@ -231,7 +231,7 @@ def test_a_sampler_that_seeded_itself_uses_process_0s_seed_and_keeps_it_in_the_s
 
 
 def test_own_blocks_gives_each_reader_every_readers_th_block_and_counts_what_it_read():
-    from unified.streams import own_blocks
+    from unified.data.streams import own_blocks
 
     read = [0]
     assert list(own_blocks(iter(range(10)), 1, 3, 2, read)) == [2, 3, 8, 9] and read == [10]
@@ -244,7 +244,7 @@ def test_a_torch_iterable_dataset_with_workers_resumes_by_replay_without_torchda
     and drops them (the loader is a plain torch DataLoader of the user's workers)."""
     torch = pytest.importorskip("torch")
     from backends.torch_readers import AsGlobalReader, Readers
-    from unified.streams import ReaderStream
+    from unified.data.streams import ReaderStream
 
     class Whole(torch.utils.data.IterableDataset):  # does not look at its worker info
         def __iter__(self):

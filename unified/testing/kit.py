@@ -24,14 +24,17 @@ Example (a backend whose models train with its own ``MyModel`` / ``MySGD``)::
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, FrozenSet, Optional
 
+from unified.backend import CAPABILITIES, Backend
 from unified.registry import backend_spec, load_object
 
 __all__ = ["Kit", "kit_of", "make_training", "backend_class", "distributed_type", "has_health_channel"]
 
 
 KIT_SLOTS = ("training", "loop", "sharded", "sharded_table")
+# what a backend has when it overrides `Backend.health_channel` (a scenario may require it)
+HEALTH_CHANNEL = "HealthChannel"
 
 
 class Kit:
@@ -89,9 +92,17 @@ def distributed_type(backend: str) -> str:
 
 def has_health_channel(backend: str) -> bool:
     """Whether ``backend`` tells every process when one fails alone (`Backend.health_channel`)."""
-    from .scenario import HEALTH_CHANNEL, backend_features
-
     return HEALTH_CHANNEL in backend_features(backend)
+
+
+@functools.lru_cache(maxsize=None)
+def backend_features(backend: str) -> FrozenSet[str]:
+    """The requirement names backend ``backend`` satisfies (imports its framework)."""
+    cls = backend_class(backend)
+    names = {c.__name__ for c in CAPABILITIES if issubclass(cls, c)}
+    if cls.health_channel is not Backend.health_channel:
+        names.add(HEALTH_CHANNEL)
+    return frozenset(names)
 
 
 def make_training(acc: Any) -> Any:

@@ -16,17 +16,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from unified.backend import CAPABILITIES, Backend
+from unified.backend import CAPABILITIES
+
+from .kit import HEALTH_CHANNEL, KIT_SLOTS, backend_features, kit_of
 
 __all__ = ["scenario", "requirements", "reference", "is_scenario", "backend_features", "missing_requirements",
            "HEALTH_CHANNEL", "REQUIREMENT_NAMES"]
 
 # Not a capability class: a backend has it when its `Backend.health_channel` is overridden, so
 # that a process that fails alone (e.g. cannot write its part of an async save) tells the others.
-HEALTH_CHANNEL = "HealthChannel"
 REQUIREMENT_NAMES = tuple(c.__name__ for c in CAPABILITIES) + (HEALTH_CHANNEL,)
 _ATTRIBUTE = "__unified_scenario__"
 
@@ -56,8 +56,6 @@ def scenario(function: Optional[Callable] = None, *, requires: Sequence[str] = (
     unknown = [name for name in requires if name not in REQUIREMENT_NAMES]
     if unknown:
         raise ValueError(f"unknown capabilities {unknown} in @scenario(requires=...): use {', '.join(REQUIREMENT_NAMES)} (docs/certify-a-backend.md)")
-    from .kit import KIT_SLOTS
-
     unknown = [name for name in kit if name not in KIT_SLOTS]
     if unknown:
         raise ValueError(f"unknown Kit attributes {unknown} in @scenario(kit=...): use {', '.join(KIT_SLOTS)} (docs/certify-a-backend.md)")
@@ -87,22 +85,8 @@ def reference(function: Callable) -> str:
     return f"{function.__module__}:{function.__qualname__}"
 
 
-@functools.lru_cache(maxsize=None)
-def backend_features(backend: str) -> FrozenSet[str]:
-    """The requirement names backend ``backend`` satisfies (imports its framework)."""
-    from .kit import backend_class
-
-    cls = backend_class(backend)
-    names = {c.__name__ for c in CAPABILITIES if issubclass(cls, c)}
-    if cls.health_channel is not Backend.health_channel:
-        names.add(HEALTH_CHANNEL)
-    return frozenset(names)
-
-
 def missing_requirements(backend: str, functions: Sequence[Callable]) -> Dict[str, str]:
     """Scenario name -> why ``backend`` cannot run it, for those it cannot run."""
-    from .kit import kit_of
-
     have = backend_features(backend)
     out = {}
     for function in functions:

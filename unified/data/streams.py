@@ -25,8 +25,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 
 import numpy as np
 
-from .errors import see
-from .tree import flatten
+from ..errors import see
+from ..tree import flatten
+from .layout import BatchLayout, _in_use
 
 __all__ = ["ProcessStream", "PreparedStreamLoader", "HuggingFaceStream", "ReaderStream", "GrainLoaderStream",
            "GrainDatasetStream", "stream_for", "is_hf_iterable", "own_blocks"]
@@ -118,7 +119,6 @@ class PreparedStreamLoader:
         return self._open
 
     def _run(self, skip_to: int = 0) -> Iterator[Any]:
-        from .data import BatchLayout, _in_use
 
         share = self._share()
         processes, rank = self._backend.num_processes, self._backend.process_index
