@@ -48,7 +48,7 @@ class BackendSpec:
         backend: the `unified.Backend` subclass.
         framework: the module whose presence means the backend is installed.
         install: the command that installs it (quoted in errors).
-        launcher: a `unified.launch.Launcher`: how a group of this backend is started.
+        launcher: a `unified.plan.Launcher`: how a group of this backend is started.
         report: a function returning lines for ``unified env`` (may import the framework).
         seed_globals: ``f(seed, deterministic)`` seeding the framework's global generators when
             `unified.utils.set_seed` runs without an Accelerator (must not import the framework).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from unified.launch import Launcher
+from unified.plan import Launcher
 
 
 class CoordinatorLauncher(Launcher):

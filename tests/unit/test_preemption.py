@@ -14,7 +14,7 @@ import pytest
 
 import unified
 from unified import launch as launch_module
-from unified.launch import Worker, run_group
+from unified.processes import Worker, run_group
 from unified.preemption import (HANDLE_VARIABLE, PREEMPTED_EXIT_CODE, STATUS_DIR_VARIABLE, read_statuses,
                                 record_status, resolve_handle_preemption)
 
@@ -214,7 +214,7 @@ def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import os, sys
         from unified import launch
-        from unified.launch import Worker, run_group_outcome
+        from unified.processes import Worker, run_group_outcome
         from unified.preemption import resolve_preemption_signals, signal_names
         signals = resolve_preemption_signals("SIGUSR2")
         os.environ[{SIGNALS_VARIABLE!r}] = signal_names(signals)

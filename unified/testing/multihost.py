@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from unified.job_secret import SECRET_VARIABLE
-from unified.launch import ProcessGroup, Worker
+from unified.processes import ProcessGroup, Worker
 
 from .harness import WORKER_SCRIPT
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
@@ -41,7 +41,7 @@ SCENARIO = {"cut-barrier": mh_barrier_loop, "cut-save": mh_save_loop, "freeze": 
 
 @dataclass
 class Group:
-    """The launchers of one group, one per machine (run by `unified.launch.ProcessGroup`), and
+    """The launchers of one group, one per machine (run by `unified.processes.ProcessGroup`), and
     where their output goes."""
 
     machines: Machines
