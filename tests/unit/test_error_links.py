@@ -70,7 +70,7 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "check_loadable error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/jax/core.py", "expected keys"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("backends/jax/core.py", "the checkpoint has {host.dtype}"):
+    ("backends/jax/tensors.py", "the checkpoint has {host.dtype}"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("unified/training_loop.py", "the checkpoint was saved with gradient_accumulation_steps"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
