@@ -13,8 +13,9 @@ import pytest
 
 import unified.accelerator as accelerator_module
 from unified import Accelerator, ProjectConfiguration
-from unified.tracking import (GeneralTracker, LoggerType, NoOpTracker, TrackerUnavailable, available_trackers,
-                              resolve_log_with, to_host)
+from unified.tracking import GeneralTracker, LoggerType, TrackerUnavailable, available_trackers
+from unified.tracking.base import NoOpTracker
+from unified.tracking.registry import resolve_log_with, to_host
 from unified.utils import LoggerType as UtilsLoggerType
 
 from .memory_backend import MemoryGroup, run_threads, unwrap
@@ -71,20 +72,20 @@ def test_a_missing_package_names_the_extra_before_joining_the_group(no_backend, 
 
 @pytest.mark.parametrize("bad", ["tensorbord", "comet_ml", 3, ["mlflow", None]])
 def test_an_unknown_tracker_is_a_value_error_listing_the_choices(no_backend, bad, monkeypatch):
-    monkeypatch.setattr("unified.tracking._installed", lambda module: True)  # ["mlflow", None]: None is the error
+    monkeypatch.setattr("unified.tracking.registry._installed", lambda module: True)  # ["mlflow", None]: None is the error
     with pytest.raises(ValueError, match=r"Unsupported tracker in log_with: .*'tensorboard', 'mlflow', 'wandb', 'all'") as info:
         Accelerator(log_with=bad, project_dir="unused")
     assert str(info.value).endswith("docs/troubleshooting.md#unknown-tracker")
 
 
 def test_tensorboard_needs_a_logging_directory(no_backend, monkeypatch):
-    monkeypatch.setattr("unified.tracking._installed", lambda module: True)
+    monkeypatch.setattr("unified.tracking.registry._installed", lambda module: True)
     with pytest.raises(ValueError, match=r"Logging with 'tensorboard' needs a logging directory.*#tracker-needs-logging-dir"):
         Accelerator(log_with=LoggerType.TENSORBOARD)
 
 
 def test_names_enum_all_and_the_logging_directory_resolve_as_in_accelerate(monkeypatch):
-    monkeypatch.setattr("unified.tracking._installed", lambda module: module != "wandb")
+    monkeypatch.setattr("unified.tracking.registry._installed", lambda module: module != "wandb")
     custom = RecordingTracker()
     assert resolve_log_with(None, None) == []
     assert resolve_log_with("all", "logs") == ["tensorboard", "mlflow"]              # every installed one
@@ -178,8 +179,8 @@ def test_values_reach_the_trackers_on_the_host_through_the_backend():
 
 def test_tensorboardx_is_imported_without_torch_in_a_process_without_torch():
     pytest.importorskip("tensorboardX")
-    code = ("import sys; from unified.tracking import _import_alone; "
-            "writer = _import_alone('tensorboardX').SummaryWriter; "
+    code = ("import sys; from unified.tracking.base import import_alone; "
+            "writer = import_alone('tensorboardX').SummaryWriter; "
             "assert 'torch' not in sys.modules, 'tensorboardX imported torch'; "
             "import torch; "  # importable afterwards
             "print('ok')")
