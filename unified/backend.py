@@ -25,7 +25,7 @@ A backend is found by name through `unified.registry`; see ``docs/adding-a-backe
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from .errors import InvalidBackend, MissingCapability, see
 
@@ -36,7 +36,7 @@ FileHashes = Dict[str, Dict[str, Any]]  # file name -> {"size": bytes, "xxh3": h
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
     "ShardedArrays", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
-    "Replaceable", "DeferredArray",
+    "Replaceable", "DeferredArray", "HealthChannel",
 ]
 
 class Backend(abc.ABC):
@@ -109,8 +109,8 @@ class Backend(abc.ABC):
     def shutdown(self) -> None:
         """Leave the process group; must not hang when peers already left or died."""
 
-    def health_channel(self) -> Optional[Any]:
-        """A `unified.watchdog.HealthChannel` (non-blocking ``post(name, value)`` and ``read()``
+    def health_channel(self) -> Optional["HealthChannel"]:
+        """A `HealthChannel` (non-blocking ``post(name, value)`` and ``read()``
         shared by the group, e.g. the rendezvous key-value store) for the watchdog that tells
         every process when the group broke; ``None`` to run without one."""
         return None
@@ -600,3 +600,26 @@ def check_backend_class(cls: type) -> None:
             "(see docs/adding-a-backend.md)."
             + see("invalid-backend-class")
         )
+
+
+class HealthChannel(Protocol):
+    """What `Backend.health_channel` returns: non-blocking key-value access shared by the
+    processes of one group (e.g. the rendezvous key-value store), through which the watchdog
+    (`unified.watchdog`) tells every process when one failed alone. Names are ``<kind>/<process
+    index>`` with a kind of ``unified.watchdog.CHANNEL_KINDS``. A backend that has one satisfies the
+    conformance scenarios that require ``"HealthChannel"``.
+
+    Example:
+        >>> channel = backend.health_channel()      # doctest: +SKIP
+        >>> channel.post("alive/0", "1"); channel.read()
+        {'alive/0': '1'}
+    """
+
+    def post(self, name: str, value: str) -> None:
+        """Set (or overwrite) ``name``."""
+
+    def read(self) -> Dict[str, str]:
+        """Every name posted by any process, with its value."""
+
+    # Optional: ``where`` (a str attribute) names the service in messages, e.g. "the coordination
+    # service at 10.0.0.1:29500 (process 0's machine)".

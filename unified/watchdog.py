@@ -26,9 +26,10 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional, Protocol, TypeVar
+from typing import Callable, Dict, Optional, TypeVar
 
 from .errors import first_line, see
+from .backend import HealthChannel
 from .preemption import record_status
 
 __all__ = ["CHANNEL_KINDS", "HealthChannel", "Watchdog"]
@@ -41,20 +42,6 @@ T = TypeVar("T")
 # part of an asynchronous save (unified.checkpoint.manager). A channel that cannot list what was
 # posted reads exactly these names.
 CHANNEL_KINDS = ("alive", "failed", "bye", "save-failed")
-
-
-class HealthChannel(Protocol):
-    """Non-blocking key-value access shared by the processes of one group; names are
-    ``<kind>/<process index>`` with a kind of `CHANNEL_KINDS`."""
-
-    def post(self, name: str, value: str) -> None:
-        """Set (or overwrite) ``name``."""
-
-    def read(self) -> Dict[str, str]:
-        """Every name posted by any process, with its value."""
-
-    # Optional: ``where`` (a str attribute) names the service in messages, e.g. "the coordination
-    # service at 10.0.0.1:29500 (process 0's machine)".
 
 
 # After the service stopped answering, the process's own error may come this many graces later.

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, FrozenSet, Optional
 
-from unified.backend import CAPABILITIES, Backend
+from unified.backend import CAPABILITIES, Backend, HealthChannel
 from unified.registry import backend_spec, load_object
 
 __all__ = ["Kit", "kit_of", "make_training", "backend_class", "distributed_type", "has_health_channel"]
@@ -34,7 +34,7 @@ __all__ = ["Kit", "kit_of", "make_training", "backend_class", "distributed_type"
 
 KIT_SLOTS = ("training", "loop", "sharded", "sharded_table")
 # what a backend has when it overrides `Backend.health_channel` (a scenario may require it)
-HEALTH_CHANNEL = "HealthChannel"
+HEALTH_CHANNEL = HealthChannel.__name__
 
 
 class Kit:

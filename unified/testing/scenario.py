@@ -93,7 +93,8 @@ def missing_requirements(backend: str, functions: Sequence[Callable]) -> Dict[st
         needs = requirements(function)
         lacking = [c for c in needs.capabilities if c not in have]
         if lacking:
-            out[function.__name__] = f"backend {backend!r} lacks {', '.join(lacking)} (needed by scenario {function.__name__})"
+            out[function.__name__] = (f"backend {backend!r} lacks {', '.join(map(_declared, lacking))} "
+                                      f"(needed by scenario {function.__name__})")
             continue
         parts = [part for part in needs.kit if getattr(kit_of(backend), part) is None]
         if parts:
@@ -101,3 +102,10 @@ def missing_requirements(backend: str, functions: Sequence[Callable]) -> Dict[st
                                       f"(needed by scenario {function.__name__})")
     return out
 
+
+def _declared(capability: str) -> str:
+    """A requirement as the contract declares it: a class of `unified.backend` (a capability,
+    or `HealthChannel`, what ``Backend.health_channel()`` returns when the backend has one)."""
+    if capability == HEALTH_CHANNEL:
+        return f"{HEALTH_CHANNEL} (unified.backend.HealthChannel: its Backend.health_channel() returns None)"
+    return f"{capability} (unified.backend.{capability})"
