@@ -32,7 +32,7 @@ import re
 import threading
 from typing import Any, Dict, List, Optional
 
-from backends.common import timeout_error
+from unified.toolkit import timeout_error
 from unified.environment import ProcessEnvironment
 from unified.errors import DistributedError, see
 

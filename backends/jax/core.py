@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from backends.common import keep_alive_forever, next_instance
+from unified.toolkit import keep_alive_forever, next_instance
 from unified.backend import ArrayCollectives, Backend, DeviceMesh, KeyStream, Replaceable, TrainingObjects
 from unified.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.errors import DistributedError, see

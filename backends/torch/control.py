@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from backends.common import keep_alive_forever, timeout_error
+from unified.toolkit import keep_alive_forever, timeout_error
 from unified.errors import DistributedError, first_line, see
 from unified.watchdog import CHANNEL_KINDS
 

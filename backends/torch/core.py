@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from backends.common import next_instance
+from unified.toolkit import next_instance
 from unified.backend import ArrayCollectives, Autograd, Backend, Replaceable, TrainingObjects, WriteGuards
 from unified.environment import ProcessEnvironment
 from unified.errors import see

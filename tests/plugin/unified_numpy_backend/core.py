@@ -15,9 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from unified.backend import Backend, TrainingObjects
-from unified.checkpoint.safetensors_io import export_numpy
-from unified.environment import ProcessEnvironment
-from unified.errors import BarrierTimeout
+from unified.toolkit import BarrierTimeout, ProcessEnvironment, export_numpy
 
 _POLL_S = 0.002
 # The n-th backend of every process shares key prefix n: two Accelerators' keys never meet.
