@@ -26,7 +26,7 @@ from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
 from .surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs, only_if
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
-from .tracking import TrackerSet
+from .tracking.registry import TrackerSet
 from .watchdog import Watchdog
 
 __all__ = ["Accelerator"]
@@ -641,22 +641,31 @@ class Accelerator(AccelerateSurface):
                    **load_kwargs: Any) -> Optional[str]:
         """Restore everything `save_state` wrote, in place, on every process.
 
-        Without ``input_dir`` and with automatic naming, loads the newest complete checkpoint
-        of ``{project_dir}/checkpoints``; afterwards the next automatic save never collides.
-        Accelerate's ``map_location``/``strict`` keywords are accepted. Returns the directory.
+        Without ``input_dir`` and with automatic naming, loads the newest checkpoint of
+        ``{project_dir}/checkpoints`` that verifies; afterwards the next automatic save never
+        collides. A damaged newer one (a checksum mismatch, a missing, truncated or unparseable
+        file or manifest, a hostile header: what verification finds before anything is
+        restored) is skipped and set aside as ``checkpoint_N.damaged`` (on a store: its manifest
+        moved to ``manifest.json.damaged``), never deleted, and the main process warns which one
+        and why; every process takes the same decision. Any other failure (the checkpoint does
+        not fit this run, a store out of reach) raises as it is. Accelerate's
+        ``map_location``/``strict`` keywords are accepted. Returns the directory.
 
         ``if_exists=True``: resume if there is a checkpoint, else start fresh: returns ``None``
         and changes nothing when there is none yet (no complete automatically named checkpoint,
-        or no ``manifest.json`` in ``input_dir``), which every process agrees on. A damaged
-        checkpoint still raises. The one line a script restarted by ``unified launch
-        --max-restarts`` needs.
+        or no ``manifest.json`` in ``input_dir``), which every process agrees on. With automatic
+        naming it skips damaged checkpoints as above. The one line a script restarted by
+        ``unified launch --max-restarts`` needs.
 
         Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
-        mismatched checkpoint, before any object is modified.
+        mismatched checkpoint, before any object is modified: always for an explicit
+        ``input_dir`` (nothing is skipped or set aside then), and with automatic naming when no
+        checkpoint verifies, naming each one skipped, ``if_exists=True`` included (starting
+        fresh would silently throw away the training the damaged ones hold).
 
         Example:
-            >>> accelerator.load_state()                    # newest checkpoint
-            >>> accelerator.load_state("ckpt/last")
+            >>> accelerator.load_state()                    # newest checkpoint that verifies
+            >>> accelerator.load_state("ckpt/last")         # this one, or CheckpointError
             >>> accelerator.load_state(if_exists=True)      # resume, or start fresh
         """
         unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
@@ -667,9 +676,7 @@ class Accelerator(AccelerateSurface):
         if if_exists:
             if not self._checkpoints.has_checkpoint(input_dir):
                 return None
-        directory = self._checkpoints.resolve_load_dir(input_dir)
-        self._checkpoints.load(directory, self._run_load_state_pre_hooks)
-        return directory
+        return self._checkpoints.load_newest(input_dir, self._run_load_state_pre_hooks, if_exists=if_exists)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """The rest of the current epoch of a prepared loader, from absolute position
@@ -872,7 +879,7 @@ class Accelerator(AccelerateSurface):
         """
         return require(self._backend, KeyStream, "accelerator.next_key()").next_key()
 
-    # -- experiment trackers (the logic: unified/tracking.py) -----------------------------------
+    # -- experiment trackers (the logic: unified/tracking/) ---------------------------------------
     @property
     def trackers(self) -> list:
         """The started trackers (`unified.tracking.GeneralTracker`); empty off the main process."""

@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import shutil
 import stat
 import tempfile
@@ -27,7 +28,7 @@ import numpy as np
 from ..backend import Backend, DeferredArray, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
 from ..environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
-from ..errors import CheckpointError, failure_reason, see
+from ..errors import TROUBLESHOOTING, CheckpointError, failure_reason, see
 from ..rng import capture_host_rng, restore_host_rng
 from ..watchdog import CHANNEL_KINDS
 from . import codec, layout, lease, lock, safetensors_io
@@ -99,6 +100,70 @@ def _raise_failed(directory: str, failed: List[Tuple[int, str]]) -> None:
         raise CheckpointError(f"{directory}: cannot be loaded; "
                               + "; ".join(f"process {rank}: {reason}" for rank, reason in failed)
                               + see("another-process-could-not-load"))
+
+
+# What verification reports of a damaged checkpoint, by the troubleshooting anchor its error
+# ends with (`see`): a checksum or size mismatch, a file that ends early, is empty, not
+# safetensors, a link or special file; a manifest missing, unparseable, too costly, edited after it
+# was written or naming files it may not; a structure or header no save writes (hostile). Only
+# these make an automatic load go on to an older checkpoint (`CheckpointManager.load_newest`);
+# anything else (the checkpoint does not fit this run, a newer format version, a store out of
+# reach, a file that cannot be opened for another reason than its absence) is raised as it is.
+DAMAGE_ANCHORS = frozenset({
+    "checksum-mismatch", "size-mismatch", "file-ended", "empty-file", "invalid-safetensors", "header-too-large",
+    "not-a-regular-file", "link-inside-checkpoint", "refusing-file-name", "manifest-missing", "manifest-too-large",
+    "manifest-invalid", "manifest-too-costly", "manifest-modified", "manifest-field", "manifest-files",
+    "manifest-format", "invalid-structure", "missing-array", "sharded-files-unlisted",
+})
+_ANCHOR = re.compile(r"#([A-Za-z0-9_-]+)\s*$")
+
+
+def is_damage(error: BaseException) -> bool:
+    """Whether ``error``, raised while a checkpoint was verified, says the checkpoint is damaged
+    (see `DAMAGE_ANCHORS`) rather than that it does not fit this run or could not be reached. An
+    error may say so itself (a ``damage`` attribute); a file that cannot be opened is damage
+    only when it is missing.
+
+    Example:
+        >>> is_damage(safetensors_io.checksum_mismatch("ckpt/model_0.safetensors"))
+        True
+        >>> is_damage(CheckpointError("ckpt/model_0.safetensors: tensor 'w' is F32 [3]..." + see("tensor-mismatch")))
+        False
+    """
+    said = getattr(error, "damage", None)
+    if said is not None:
+        return bool(said)
+    if not isinstance(error, CheckpointError):
+        return False
+    found = _ANCHOR.search(str(error))
+    anchor = found.group(1) if found else None
+    if anchor == "cannot-open-file":
+        return isinstance(error.__cause__, FileNotFoundError)
+    return anchor in DAMAGE_ANCHORS
+
+
+def _not_damage(error: CheckpointError) -> CheckpointError:
+    """``error``, marked as no damage of the checkpoint (`is_damage`): a file changed while it was read."""
+    error.damage = False  # type: ignore[attr-defined]
+    return error
+
+
+class DamagedCheckpoint(CheckpointError):
+    """Raised on every process alike by a load that falls back (`CheckpointManager.load_newest`)
+    when the only failures of its verification, on every process, were damage (`is_damage`):
+    ``failed`` holds each process's ``(index, reason)``."""
+
+    def __init__(self, directory: str, failed: List[Tuple[int, str]]) -> None:
+        super().__init__(f"{directory}: damaged; " + _reasons(failed) + see("damaged-checkpoint-skipped"))
+        self.directory, self.failed = directory, failed
+
+
+_LINK = re.compile(r"\s*See " + re.escape(TROUBLESHOOTING) + r"#[A-Za-z0-9_-]+\s*$")
+
+
+def _reasons(failed: List[Tuple[int, str]]) -> str:
+    """Each process's reason, without the link to the troubleshooting page it ends with."""
+    return "; ".join(f"process {rank}: {_LINK.sub('', reason)}" for rank, reason in failed)
 
 
 def _commit_error(final: str, err: OSError) -> CheckpointError:
@@ -351,6 +416,8 @@ class CheckpointManager:
         # a load whose sharded reader reads the files verified before only when it makes the arrays
         # (`_place_sharded`): their identities, checked again after the last is made
         self._read_after_check: Optional[Dict[str, Any]] = None
+        # a load that falls back to an older checkpoint when this one is damaged (`load`, `load_newest`)
+        self._falling_back = False
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
 
@@ -436,9 +503,14 @@ class CheckpointManager:
                 self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
             def number() -> int:
-                highest = location_of(folder).highest_number(folder)
-                # never collide with an existing checkpoint_N
-                return config.iteration if highest is None or config.iteration > highest else highest + 1
+                location = location_of(folder)
+                highest = location.highest_number(folder)
+                # never collide with an existing checkpoint_N (or one set aside as damaged)
+                chosen = config.iteration if highest is None or config.iteration > highest else highest + 1
+                # nor write over a commit the listing missed (a store's listing may be stale): asked one by one
+                while location.taken(folder, chosen):
+                    chosen += 1
+                return chosen
 
             config.iteration = self._decided_by_main("save_state (name)", folder, number)
             return layout.automatic_dir(config.project_dir, config.iteration)
@@ -477,6 +549,7 @@ class CheckpointManager:
             return
         def hold() -> None:
             self.release_folder()
+            layout.make_dirs(folder)  # a new project_dir is made durable (the lock would create it without)
             self._lock_key = lock.acquire(folder)
 
         failed = self._on_main_process("save_state (lock)", hold, lambda err: err)
@@ -554,6 +627,7 @@ class CheckpointManager:
         removed. Returns what ``run_hooks`` returned, the files uploaded, and why an upload
         failed (None): the save reports it from this process, so that every process raises."""
         if not is_url(tmp):
+            Folder().prepare(tmp)  # the folders it creates are made durable (the hooks' runner only makes them)
             return run_hooks(tmp), {}, None
         local = tempfile.mkdtemp(prefix="unified-save-hooks-")
         try:
@@ -796,12 +870,16 @@ class CheckpointManager:
         except (OSError, CheckpointError):
             location.discard(tmp)
             raise
+        # Leftovers of crashed saves on a store are deleted only under this run's lease: without
+        # one, a manifest-less checkpoint_N may be another live run's save in progress.
+        leased = self._lease is not None and self._lease.lost is None
         try:
-            location.after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit)
+            location.after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit, leased)
         except OSError as err:  # the checkpoint is committed: say so, not "not committed"
             raise CheckpointError(f"save_state({final!r}) committed the checkpoint, but removing older ones "
-                                  f"(total_limit) or what crashed saves left failed: {err}. The next save tries again."
-                                  + see("save-failed")) from err
+                                  f"(total_limit) or what crashed saves left failed: {_LINK.sub('', str(err))}. "
+                                  "A checkpoint leaves the listing before its files are deleted: none is left "
+                                  "half-deleted and still loadable." + see("retention-delete-failed")) from err
 
     def _write_manifest_and_rename(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]],
                                    snap: Snapshot) -> None:
@@ -871,18 +949,99 @@ class CheckpointManager:
 
     def has_checkpoint(self, input_dir: Optional[str]) -> bool:
         """Whether `load_target`'s answer holds a checkpoint to load (`load_state(if_exists=True)`):
-        a complete automatically named one, or a ``manifest.json`` (or a checkpoint a save set
-        aside, which `resolve_load_dir` puts back) in the folder. Collective: the main process
+        a complete automatically named one, or one set aside as damaged (then `load_newest` raises
+        rather than let the run start fresh over it), or a ``manifest.json`` (or a checkpoint a save
+        set aside, which `resolve_load_dir` puts back) in the folder. Collective: the main process
         looks, every process gets its answer (or raises when it could not look)."""
         folder, automatic = self.load_target(input_dir)  # on every process: nowhere to look raises everywhere
         location = location_of(folder)
 
         def look() -> bool:
             if automatic:
-                return bool(location.numbered(folder))
+                return bool(location.numbered(folder)) or bool(location.damaged(folder))
             return location.has_manifest(folder) or (location.atomic_replace and layout.set_aside_exists(folder))
 
         return self._decided_by_main("load_state (is there a checkpoint?)", folder, look)
+
+    def load_newest(self, input_dir: Optional[str], before_restore: Callable[[str], Collection[str]] = lambda folder: (),
+                    if_exists: bool = False) -> str:
+        """`load_state`'s load (collective); returns the checkpoint it loaded.
+
+        An explicit ``input_dir`` (or ``project_dir`` without automatic naming) is loaded as it
+        is: a damaged one raises. With automatic naming, the newest ``checkpoint_N`` is tried
+        first; when its verification finds it damaged (`is_damage`, on any process, and no other
+        kind of failure on any), the main process sets it aside (``checkpoint_N.damaged``; on a
+        store its manifest moves to ``manifest.json.damaged``), warns which one it skipped and
+        why, and the next newest is tried; every process takes the same decision from the same
+        shared failures. Nothing is restored from a damaged checkpoint: verification runs
+        before any object is touched. When none verifies, `CheckpointError` names every one
+        skipped (``if_exists`` too: starting fresh would throw away their training).
+
+        Example:
+            >>> manager.load_newest(None, accelerator._run_load_state_pre_hooks)
+            'runs/exp1/checkpoints/checkpoint_4'
+        """
+        target, automatic = self.load_target(input_dir)
+        if not automatic:
+            directory = self.resolve_load_dir(input_dir)
+            self.load(directory, before_restore)
+            return directory
+        location = location_of(target)
+        skipped: List[Tuple[str, str, str]] = []  # (checkpoint, why, where it was set aside)
+        while True:
+            tried = {path for path, _, _ in skipped}
+            newest = self._decided_by_main(
+                "load_state (newest)", target,
+                lambda: ([None] + [path for _, path in location.numbered(target) if path not in tried])[-1])
+            if newest is None:
+                error = self._nothing_verifies(target, skipped, if_exists)  # links to troubleshooting itself
+                raise error
+            try:
+                self.load(newest, before_restore, fall_back=True)
+                return newest
+            except DamagedCheckpoint as damaged:
+                why = _reasons(damaged.failed)
+            skipped.append((newest, why, self._set_aside_damaged(newest, why)))
+
+    def _set_aside_damaged(self, checkpoint: str, why: str) -> str:
+        """The main process sets the damaged ``checkpoint`` aside (the others wait) and warns; returns
+        where it went, on every process. Raises on every process when it could not: a damaged
+        checkpoint left in the listing would stay the newest, and retention would delete intact
+        older ones first."""
+        answer: Optional[Dict[str, Any]] = None
+        if self.backend.process_index == 0:
+            try:
+                answer = {"aside": location_of(checkpoint).set_aside_damaged(checkpoint)}
+            except (OSError, CheckpointError) as err:
+                answer = {"error": _LINK.sub("", str(err))}
+        answer = self.collectives.broadcast_json(answer, operation="load_state (set aside a damaged checkpoint)")
+        if "error" in answer:
+            raise CheckpointError(f"{checkpoint}: damaged ({why}), and process 0 could not set it aside: "
+                                  f"{answer['error']}. Nothing was restored. Move or delete it by hand, then load "
+                                  "again: the next newest checkpoint is tried." + see("set-aside-failed"))
+        if self.backend.process_index == 0:
+            warnings.warn(
+                f"load_state(): skipped {checkpoint}: it is damaged ({why}). It was set aside as {answer['aside']}, "
+                "which is never listed, loaded, numbered again or deleted by retention: inspect it, then delete it. "
+                "Trying the next newest checkpoint." + see("damaged-checkpoint-skipped"), stacklevel=4)
+        return answer["aside"]
+
+    def _nothing_verifies(self, target: str, skipped: List[Tuple[str, str, str]], if_exists: bool) -> CheckpointError:
+        """The error of an automatic load that found no checkpoint to load (`load_newest`)."""
+        location = location_of(target)
+        earlier = self._decided_by_main(
+            "load_state (damaged ones)", target,
+            lambda: [path for _, path in location.damaged(target) if path not in {a for _, _, a in skipped}])
+        if not skipped and not earlier:
+            return CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
+        said = [f"{checkpoint} ({why}; set aside as {aside})" for checkpoint, why, aside in skipped]
+        said += [f"{path} (set aside as damaged by an earlier load)" for path in earlier]
+        fresh = ("load_state(if_exists=True) does not start fresh while damaged checkpoints exist: that would silently "
+                 "throw away the training they hold. " if if_exists else "")
+        return CheckpointError(
+            f"{target}: no checkpoint verifies; nothing was restored. Damaged: {'; '.join(said)}. {fresh}Put a good "
+            "copy of one of them back under its checkpoint_N name (from a backup), or, to start over, delete them "
+            "(or move them out of the folder)." + see("no-checkpoint-verifies"))
 
     def resolve_load_dir(self, input_dir: Optional[str]) -> str:
         """The directory `load` reads (collective when it may first have to repair one)."""
@@ -912,16 +1071,21 @@ class CheckpointManager:
         if failed:
             raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
 
-    def load(self, directory: str, before_restore: Callable[[str], Collection[str]] = lambda folder: ()) -> Dict[str, Any]:
+    def load(self, directory: str, before_restore: Callable[[str], Collection[str]] = lambda folder: (),
+             fall_back: bool = False) -> Dict[str, Any]:
         """Verify and restore everything from ``directory`` (collective). Returns the manifest.
 
         ``before_restore(folder)`` runs once everything is verified, before any object is
         restored (the load-state hooks); it returns the names of the objects it restored itself.
         ``folder`` is ``directory``, or on a store a local temporary folder holding the verified
-        files of the save-state hooks (removed once the load returns)."""
+        files of the save-state hooks (removed once the load returns). ``fall_back``: when the
+        verification's only failures, on every process, are damage (`is_damage`), raise
+        `DamagedCheckpoint` on every process (`load_newest` then tries an older checkpoint)."""
+        self._falling_back = fall_back
         try:
             return self._load(directory, before_restore)
         finally:
+            self._falling_back = False
             for folder in (self._hook_copy, self._load_copies):
                 if folder is not None:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -937,7 +1101,7 @@ class CheckpointManager:
         except (CheckpointError, OSError) as err:
             failure = err
         # Every process learns every failure, so each raises an error naming the bad file.
-        self._raise_shared(directory, failure, "load_state (verified)")
+        self._share_verified(directory, failure, "load_state (verified)")
         if manifest.get("sharded"):
             states = self._with_sharded(directory, manifest, states, sharded_files)
             failure = None
@@ -973,6 +1137,32 @@ class CheckpointManager:
     def _raise_shared(self, directory: str, failure: Optional[BaseException], operation: str) -> None:
         """Share ``failure`` (or none) with every process; raise on every process when any failed."""
         _raise_failed(directory, self.collectives.share_failure(failure, operation))
+
+    def _share_verified(self, directory: str, failure: Optional[BaseException], operation: str) -> None:
+        """`_raise_shared` for a failure of verification, before anything is restored; in a load
+        that falls back (`load`), with whether each failure is damage: when every failure is,
+        `DamagedCheckpoint` is raised on every process (the same decision everywhere: it is
+        taken from the gathered failures), else each process raises as `_raise_shared` does."""
+        if not self._falling_back:
+            self._raise_shared(directory, failure, operation)
+            return
+        mine = None if failure is None else {"reason": failure_reason(failure), "damage": is_damage(failure)}
+        gathered = self.collectives.all_gather_json(mine, operation)
+        self._raise_gathered(directory, failure, [(rank, g["reason"], g["damage"]) for rank, g in enumerate(gathered) if g])
+
+    def _raise_gathered(self, directory: str, failure: Optional[BaseException],
+                        failed: List[Tuple[int, str, bool]]) -> None:
+        """Raise for every process's ``failed`` verification ``(index, reason, damage)``: all
+        damage in a load that falls back: `DamagedCheckpoint`; else this process's own
+        ``failure``, or the others' reasons."""
+        if not failed:
+            return
+        if self._falling_back and all(damage for _, _, damage in failed):
+            damaged = DamagedCheckpoint(directory, [(rank, reason) for rank, reason, _ in failed])  # links itself
+            raise damaged from failure
+        if failure is not None:
+            raise failure
+        _raise_failed(directory, [(rank, reason) for rank, reason, _ in failed])
 
     def _check_resumable(self, directory: str, manifest: Dict[str, Any], states: Dict[str, Any]) -> None:
         """Before any object is restored: every object with a check accepts its saved state in this
@@ -1114,6 +1304,7 @@ class CheckpointManager:
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
         failure: Optional[str] = None if read_error is None else failure_reason(read_error)
+        damage = read_error is None or is_damage(read_error)  # (a mismatch found below is damage)
         for name, got in sorted(hashes.items()):  # none after a failed read
             path, info = check_file_name(directory, prefix + name), listed.get(prefix + name)
             if info is None:
@@ -1124,11 +1315,10 @@ class CheckpointManager:
                 failure = str(safetensors_io.checksum_mismatch(path))
             if failure:
                 break
-        gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure},
+        gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure, "damage": damage},
                                                     operation="load_state (sharded files checked)")
-        if read_error is not None:
-            raise read_error
-        _raise_failed(directory, [(rank, g["error"]) for rank, g in enumerate(gathered) if g["error"]])
+        self._raise_gathered(directory, read_error,
+                             [(rank, g["error"], g["damage"]) for rank, g in enumerate(gathered) if g["error"]])
         done = {prefix + name for g in gathered for name in g["hashed"]}
         rest = {name: int(info["size"]) for name, info in listed.items() if name not in done}
         if not rest:  # the same on every process: it comes from the gathered lists
@@ -1142,7 +1332,7 @@ class CheckpointManager:
                 self._refuse_changed({path: identities[path]})
         except (CheckpointError, OSError) as err:
             error = err
-        self._raise_shared(directory, error, "load_state (sharded files checked)")
+        self._share_verified(directory, error, "load_state (sharded files checked)")
 
     def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
         """An entry's state from its arrays: NumPy views for managed objects, framework arrays
@@ -1294,9 +1484,10 @@ class CheckpointManager:
     @classmethod
     def _refuse_changed(cls, verified: Dict[str, Any]) -> None:
         changed = cls._changed(verified)
-        if changed:
-            raise CheckpointError(f"{changed[0]}: changed after it was verified, while the sharded reader read it; "
-                                  "nothing was restored. Check that nothing writes into the checkpoint." + see("file-ended"))
+        if changed:  # something writes into the checkpoint: no damage to fall back from
+            raise _not_damage(CheckpointError(f"{changed[0]}: changed after it was verified, while the sharded reader "
+                                              "read it; nothing was restored. Check that nothing writes into the "
+                                              "checkpoint." + see("file-ended")))
 
     def _read(self, directory: str) -> Tuple[Dict[str, Any], Dict[str, Any], Optional[Any], Dict[str, Tuple[int, ...]]]:
         manifest = location_of(directory).read_manifest(directory)

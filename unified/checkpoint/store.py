@@ -9,7 +9,10 @@ own step, as Orbax's atomicity strategies are:
 * `ObjectStore` (``s3://``, ``gs://``, any fsspec URL): there is no rename, so the files go
   straight to the checkpoint's prefix and the manifest, written last in one request, is the
   commit. A prefix without its manifest is never listed, loaded or counted by retention; what a
-  crashed save left there is deleted after a later commit. Files are streamed (multipart
+  crashed save left there is deleted after a later commit of a run that holds the prefix's lease
+  (`lease`; without one it may be another live run's save, and is left alone). A checkpoint is
+  deleted manifest first; a damaged one that an automatic load skipped is set aside by moving its
+  manifest to ``manifest.json.damaged`` (`ObjectStore.set_aside_damaged`). Files are streamed (multipart
   uploads) and hashed in the same pass; nothing is staged whole on local disk. A load verifies
   each object as it downloads it, into a private local copy when the local disk has room (the
   manager's `_staging_for`), from which the live arrays are then filled.
@@ -41,6 +44,8 @@ _IDENTITY_KEYS = ("ETag", "VersionId", "LastModified", "generation", "etag", "up
 # the extras that bring each protocol's fsspec client
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _AUTO_NAME = layout._AUTO_NAME  # checkpoint_N: one pattern for folders and stores
+# A damaged checkpoint set aside on a store (no rename): its manifest, moved here (`ObjectStore.set_aside_damaged`).
+DAMAGED_MANIFEST = MANIFEST + layout.DAMAGED_MARK
 
 
 class Folder:
@@ -53,6 +58,16 @@ class Folder:
 
     def highest_number(self, folder: str) -> Optional[int]:
         return layout.highest_number(folder)
+
+    def taken(self, folder: str, number: int) -> bool:
+        return layout.number_taken(folder, number)
+
+    def damaged(self, folder: str) -> List[Tuple[int, str]]:
+        return layout.damaged_checkpoints(folder)
+
+    def set_aside_damaged(self, checkpoint: str) -> str:
+        """Rename the damaged ``checkpoint`` to ``checkpoint_N.damaged`` (see `layout.set_aside_damaged`)."""
+        return layout.set_aside_damaged(checkpoint)
 
     def refusal(self, target: str) -> Optional[str]:
         foreign = layout.foreign_entries(target)
@@ -69,6 +84,9 @@ class Folder:
         return safetensors_io.write(path, arrays, metadata, live=live)
 
     def prepare(self, staging: str) -> None:
+        # the folders a first save creates above the checkpoint (project_dir/checkpoints...) are made
+        # durable here; the temporary folder itself is, with its contents, by the commit (`fsync_tree`)
+        layout.make_dirs(os.path.dirname(os.path.abspath(staging)))
         os.makedirs(staging, exist_ok=True)
 
     def commit(self, staging: str, final: str, token: str, body: Dict[str, Any]) -> None:
@@ -79,7 +97,10 @@ class Folder:
     def discard(self, staging: str) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
-    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
+    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int], leased: bool = True) -> None:
+        """Delete what crashed saves left beside ``final``, then (automatic naming) the oldest
+        checkpoints beyond ``total_limit``; raises `OSError` when a retention delete fails.
+        ``leased`` is for stores: a folder's main process holds its lock (`lock`) throughout."""
         parent = os.path.dirname(os.path.abspath(final))
         layout.remove_stale_temporaries(parent)
         if automatic:
@@ -181,8 +202,62 @@ class ObjectStore:
         return sorted(found)
 
     def highest_number(self, folder: str) -> Optional[int]:
+        """The highest N of any ``checkpoint_N`` prefix, committed or not, or set aside as damaged."""
         numbers = [int(m.group(1)) for m in map(_AUTO_NAME.match, self._names(folder)) if m]
         return max(numbers) if numbers else None
+
+    def taken(self, folder: str, number: int) -> bool:
+        """Whether ``checkpoint_{number}`` of ``folder`` holds a commit (its manifest) or a damaged
+        checkpoint set aside: asked of the store object by object (never a listing, which may be
+        stale), so that automatic naming never writes over either.
+
+        Example:
+            >>> ObjectStore("s3://bucket/run").taken("s3://bucket/run/checkpoints", 3)
+            False
+        """
+        prefix = f"{folder.rstrip('/')}/checkpoint_{number}"
+        return self._exists_now(f"{prefix}/{MANIFEST}") or self._exists_now(f"{prefix}/{DAMAGED_MANIFEST}")
+
+    def _exists_now(self, url: str) -> bool:
+        """Whether the object ``url`` exists, asked of the store (never a cached listing)."""
+        try:
+            with _reaching(url, "looking up"):
+                self.fs.info(self._path(url), refresh=True)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def damaged(self, folder: str) -> List[Tuple[int, str]]:
+        """The ``checkpoint_N`` prefixes of ``folder`` set aside as damaged (`set_aside_damaged`), by N."""
+        found = []
+        for name in self._names(folder):
+            match = _AUTO_NAME.match(name)
+            path = f"{folder.rstrip('/')}/{name}"
+            if match and not self.has_manifest(path) and self._exists_now(f"{path}/{DAMAGED_MANIFEST}"):
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def set_aside_damaged(self, checkpoint: str) -> str:
+        """Set the damaged ``checkpoint`` aside: a store has no rename, so its manifest is copied to
+        ``manifest.json.damaged`` (on the store: no download), then deleted. From then on the prefix
+        is never listed, loaded or counted by retention, and no cleanup deletes it (the marker
+        says why it has no manifest); its files are kept. Returns the marker's URL. Raises
+        `StoreError` when the store refuses; a crash in between leaves both objects, and the next
+        automatic load sets it aside again.
+
+        Example:
+            >>> ObjectStore("s3://b/run").set_aside_damaged("s3://b/run/checkpoints/checkpoint_2")
+            's3://b/run/checkpoints/checkpoint_2/manifest.json.damaged'
+        """
+        manifest, marker = f"{checkpoint.rstrip('/')}/{MANIFEST}", f"{checkpoint.rstrip('/')}/{DAMAGED_MANIFEST}"
+        try:
+            with _reaching(marker, "setting the damaged checkpoint aside (copying its manifest)"):
+                self.fs.copy(self._path(manifest), self._path(marker))
+            with _reaching(manifest, "setting the damaged checkpoint aside (deleting its manifest)"):
+                self.fs.rm_file(self._path(manifest))
+        except FileNotFoundError:  # its manifest is gone already: it is listed no more
+            pass
+        return marker
 
     def _names(self, folder: str) -> List[str]:
         path = self._path(folder)
@@ -251,18 +326,46 @@ class ObjectStore:
         with _reaching(url, "writing the manifest (the commit)"):
             self.fs.pipe_file(self._path(url), manifest_bytes(body))
 
+    def delete(self, prefix: str) -> None:
+        """Delete the checkpoint ``prefix``: its manifest first (the commit: from then on it is
+        never listed or loaded, so a delete that fails half-way never leaves a manifest whose
+        objects are gone), then every other object. Raises `StoreError` saying what is left when
+        the store refuses either.
+
+        Example:
+            >>> ObjectStore("s3://b/run").delete("s3://b/run/checkpoints/checkpoint_0")
+        """
+        manifest = f"{prefix.rstrip('/')}/{MANIFEST}"
+        for url, what, left in ((manifest, "its manifest", "nothing was deleted: the checkpoint is intact and still listed"),
+                                (prefix, "its files", "its manifest is deleted, so it is never listed or loaded again; "
+                                 "its remaining objects are deleted by a later save of a run that holds this prefix's "
+                                 "lease, or delete the prefix with your store's tools")):
+            try:
+                if url == manifest:
+                    self.fs.rm_file(self._path(url))
+                else:
+                    self.fs.rm(self._path(url), recursive=True)
+            except FileNotFoundError:
+                continue
+            except Exception as err:  # noqa: BLE001 - whatever the client raises: say what is left
+                raise StoreError(f"{prefix}: deleting {what} failed after the storage client's retries "
+                                 f"({type(err).__name__}: {err}); {left}." + see("retention-delete-failed")) from err
+
     def discard(self, staging: str) -> None:
-        """Delete what a save wrote under ``staging``, as far as the store lets it: what is left
-        has no manifest (never loaded), and a later automatic save deletes it."""
+        """Delete what a failed save wrote under ``staging`` (no manifest: never loaded), as far as
+        the store lets it: best effort, so that the save's own error is the one raised; what is
+        left is deleted by a later save of a run that holds the prefix's lease."""
         try:
-            with _reaching(staging, "deleting"):
-                self.fs.rm(self._path(staging), recursive=True)
-        except (FileNotFoundError, StoreError):
+            self.delete(staging)
+        except StoreError:
             pass
 
-    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int]) -> None:
+    def after_commit(self, final: str, automatic: bool, total_limit: Optional[int], leased: bool = True) -> None:
         """With automatic naming: the prefixes of crashed saves (a ``checkpoint_N`` below the new
-        one without a manifest: a save that never committed; one run per prefix), then retention."""
+        one without a manifest, and not set aside as damaged) and their unfinished uploads, only
+        when this run holds the prefix's lease (``leased``: without one such a prefix may be
+        another live run's save in progress); then retention. Every delete is tried; the first
+        that failed is raised (`StoreError`) once all were."""
         if not automatic:
             return
         folder, name = final.rstrip("/").rsplit("/", 1)
@@ -270,17 +373,29 @@ class ObjectStore:
         names = self._names(folder)  # one listing for both: nothing else writes here meanwhile (one run per prefix)
         committed = self._committed(folder, names)
         complete = {n for n, _ in committed}
-        for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, names) if m]:
-            if n < newest and n not in complete:
-                self.discard(f"{folder}/checkpoint_{n}")
-        self._abort_abandoned_uploads(folder, newest)
+        failed: List[StoreError] = []
+
+        def delete(prefix: str) -> None:
+            try:
+                self.delete(prefix)
+            except StoreError as err:
+                failed.append(err)
+
+        if leased:
+            for n in [int(m.group(1)) for m in map(_AUTO_NAME.match, names) if m]:
+                prefix = f"{folder}/checkpoint_{n}"
+                if n < newest and n not in complete and not self._exists_now(f"{prefix}/{DAMAGED_MANIFEST}"):
+                    delete(prefix)
+            self._abort_abandoned_uploads(folder, newest)
         excess = len(committed) - (total_limit or len(committed))
         for n, path in committed:
             if excess <= 0:
                 break
             if n != newest:
-                self.discard(path)
+                delete(path)
                 excess -= 1
+        if failed:
+            raise failed[0]
 
     def _abort_abandoned_uploads(self, folder: str, newest: int) -> None:
         """Abort the multipart uploads a crashed save began under ``checkpoint_N`` (N up to
@@ -503,8 +618,10 @@ def private_copy(store: ObjectStore, url: str, local: str, size: int,
         return None
     if got["size"] == size and safetensors_io.header_of_file(local, url)[1:] == (planned[0], dict(planned[1])):
         return got
-    raise CheckpointError(f"{url}: changed while it was read (its entries are not those its header listed "
-                          "before); nothing was restored." + see("file-ended"))
+    changed = CheckpointError(f"{url}: changed while it was read (its entries are not those its header listed "
+                              "before); nothing was restored." + see("file-ended"))
+    changed.damage = False  # type: ignore[attr-defined] # something wrote into it: no damage to fall back from
+    raise changed
 
 
 def headers_of(paths: Sequence[str], size_of: Callable[[str], int],

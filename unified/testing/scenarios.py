@@ -378,7 +378,64 @@ def ckpt_damaged(state: dict) -> dict:
             outcome[case] = {"raised": type(err).__name__, "message": str(err)}
         outcome[case]["untouched"] = run.param_hash() == before
     outcome["__pwned__"] = os.path.exists(_shared("PWNED"))
+    outcome["__fallback__"] = _damaged_newest()
     return outcome
+
+
+def _flip_last_byte(path: str) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+
+
+def _damaged_newest() -> dict:
+    """Automatic naming with a damaged newest checkpoint (issue 46): ``load_state()`` goes on to
+    the newest one that verifies, every process alike, although only process 1 verifies the
+    damaged file (its own RNG file); the main process alone warns; the damaged one is set aside
+    as ``checkpoint_1.damaged`` and its number never reused. Then every checkpoint damaged:
+    ``load_state(if_exists=True)`` raises on every process naming each, and restores nothing."""
+    import warnings
+
+    from .training import make
+
+    acc = Accelerator(timeout=60, seed=3, project_config=unified.ProjectConfiguration(
+        _shared("fallback"), automatic_checkpoint_naming=True, total_limit=3))
+    run = make(acc)
+    checkpoints = _shared("fallback", "checkpoints")
+    hashes = []
+    for _ in range(2):
+        run.step()
+        acc.save_state()
+        hashes.append(run.param_hash())
+    if acc.is_main_process:
+        _flip_last_byte(os.path.join(checkpoints, "checkpoint_1", f"rng_{acc.num_processes - 1}.safetensors"))
+    acc.wait_for_everyone()
+    run.step()
+    out: dict = {}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        out["loaded"] = os.path.basename(acc.load_state())
+        out["restored"] = run.param_hash() == hashes[0]
+        out["next"] = os.path.basename(acc.save_state())
+        out["listing"] = sorted(os.listdir(checkpoints))
+        if acc.is_main_process:  # now every checkpoint that is left is damaged
+            for name in os.listdir(checkpoints):
+                if "." not in name:
+                    _flip_last_byte(os.path.join(checkpoints, name, "model_0.safetensors"))
+        acc.wait_for_everyone()
+        run.step()
+        before = run.param_hash()
+        try:
+            acc.load_state(if_exists=True)
+            out["none_verifies"] = None
+        except unified.CheckpointError as err:
+            out["none_verifies"] = str(err)
+        out["untouched"] = run.param_hash() == before
+        out["listing_after"] = sorted(os.listdir(checkpoints))
+    out["warned"] = [str(w.message) for w in said if "damaged" in str(w.message)]
+    return out
 
 
 @scenario(requires=("TrainingObjects",))

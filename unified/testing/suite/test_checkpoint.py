@@ -229,6 +229,7 @@ def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path
     group = run_group(backend, 2, [ckpt_damaged], tmp_path).ok()
     for rank, outcome in enumerate(group.scenario(ckpt_damaged)):
         assert outcome.pop("__pwned__") is False, "a pickle payload was executed"
+        _assert_fell_back(rank, outcome.pop("__fallback__"))
         assert outcome["pickle_payloads"]["raised"] is None  # valid checkpoint; the extra files are ignored
         for case, culprit in cases.items():
             if culprit is None:
@@ -243,6 +244,26 @@ def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path
         assert "modified" in outcome["edited_manifest"]["message"]
         assert "refusing file name" in outcome["dotdot_path"]["message"]
     assert not (tmp_path / "PWNED").exists()
+
+
+def _assert_fell_back(rank, r):
+    """Automatic naming with a damaged newest checkpoint (issue 46; scenarios._damaged_newest):
+    only process 1 verified the damaged file, and every process went on to checkpoint_0 alike;
+    the main process alone warned; then, every checkpoint damaged, every process raised."""
+    assert r["loaded"] == "checkpoint_0" and r["restored"], (rank, r)
+    assert r["next"] == "checkpoint_2", (rank, r)  # the damaged one's number is never reused
+    assert r["listing"] == ["checkpoint_0", "checkpoint_1.damaged", "checkpoint_2"], (rank, r)
+    assert r["listing_after"] == ["checkpoint_0.damaged", "checkpoint_1.damaged", "checkpoint_2.damaged"], (rank, r)
+    message = r["none_verifies"]
+    assert message is not None and r["untouched"], (rank, r)
+    assert all(f"checkpoint_{n}" in message for n in range(3)) and "#no-checkpoint-verifies" in message, message
+    if rank == 0:
+        first, *others = r["warned"]
+        assert "checkpoint_1" in first and "process 1:" in first and "rng_1.safetensors" in first, first
+        assert "checksum mismatch" in first and "checkpoint_1.damaged" in first, first
+        assert len(others) == 2 and "checkpoint_2.damaged" in others[0] and "checkpoint_0.damaged" in others[1], others
+    else:
+        assert r["warned"] == [], (rank, r["warned"])
 
 
 def test_arrays_sharded_across_processes_round_trip(backend, tmp_path):
