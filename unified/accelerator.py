@@ -1,14 +1,10 @@
 """The `Accelerator` facade: one object that wires a backend to the shared semantics."""
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
-import threading
-import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .backend import Autograd, Backend, DeviceMesh, KeyStream, ShardedTraining, TrainingLoop, TrainingObjects, WriteGuards, require
+from .backend import Autograd, Backend, DeviceMesh, ShardedTraining, TrainingLoop, TrainingObjects, require
 from .collectives import Collectives
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
 from .environment import restart_count
@@ -16,26 +12,29 @@ from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
-from .errors import CheckpointError, RegistrationError, see
+from .errors import CheckpointError, see
 from .kwargs_handlers import options_of, resolve_handlers
 from .operations import set_current
 from .metrics import Metrics
-from .preemption import PREEMPTED_EXIT_CODE, SignalFlag, record_status, resolve_handle_preemption, resolve_preemption_signals
+from .preemption import SignalFlag, resolve_handle_preemption, resolve_preemption_signals
 from .registry import create_backend, resolve_backend_name
 from .rng import set_seed
 from .sharding import FullyShardedDataParallelPlugin
-from .surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs, only_if
+from .surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
 from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .tracking.registry import TrackerSet
 from .watchdog import Watchdog
+from .api.checkpointing import Checkpointing
+from .api.jobs import JobControl
+from .api.tracking import Tracking
+from .api.training import TrainingLoopCalls
 
 __all__ = ["Accelerator"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_TIMEOUT = 1800.0
 
 
-class Accelerator(AccelerateSurface):
+class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, AccelerateSurface):
     """One API for distributed training on PyTorch and on JAX.
 
     Args:
@@ -269,208 +268,6 @@ class Accelerator(AccelerateSurface):
         """``project_configuration.logging_dir``."""
         return self.project_configuration.logging_dir
 
-    # -- running and deferring jobs ---------------------------------------------------------
-    def wait_for_everyone(self, timeout: Optional[float] = None) -> None:
-        """Block until every process reached this call (a no-op with one process).
-
-        Raises `unified.BarrierTimeout` naming the missing processes when some process does
-        not arrive within ``timeout`` seconds (default: the Accelerator's) or died.
-
-        Example:
-            >>> accelerator.wait_for_everyone()
-            >>> accelerator.wait_for_everyone(timeout=60)
-        """
-        self._collectives.barrier("wait_for_everyone", timeout)
-
-    def main_process_first(self) -> "contextlib.AbstractContextManager[None]":
-        """Run the body on the main process first, then on the others; all leave together.
-
-        An exception in any process's body reaches the others as `unified.DistributedError`.
-
-        Example:
-            >>> with accelerator.main_process_first():
-            ...     dataset = prepare_dataset()      # downloads once, others read the cache
-        """
-        return self._collectives.ordered(self.is_main_process, "main_process_first")
-
-    def local_main_process_first(self) -> "contextlib.AbstractContextManager[None]":
-        """Like `main_process_first`, with the first process of each machine going first.
-
-        Example:
-            >>> with accelerator.local_main_process_first():
-            ...     cache = build_local_cache()
-        """
-        return self._collectives.ordered(self.is_local_main_process, "local_main_process_first")
-
-    def set_trigger(self) -> None:
-        """Raise this process's trigger flag; `check_trigger` reports it on every process.
-
-        Example:
-            >>> if loss < target:
-            ...     accelerator.set_trigger()
-        """
-        self._trigger = True
-
-    def check_trigger(self) -> bool:
-        """True on every process, in the same call, if any process called `set_trigger` since
-        the last check; resets the flag. A collective: every process must call it equally often.
-
-        With ``handle_preemption``, a preemption signal (`preemption_signals`) received by any process since the last
-        check fires it too and sets `preempted` on every process; from then on it returns True
-        at every call (the job is going away).
-
-        Example:
-            >>> if accelerator.check_trigger():
-            ...     accelerator.save_state()
-            ...     break
-        """
-        if self._preempted:  # the same on every process: no collective needed
-            self._trigger = False
-            return True
-        signalled = False
-        if self._signals is not None:
-            signalled, self._signals_seen = self._signals.consume(self._signals_seen)
-        fired = self._collectives.any_flag(self._trigger or signalled, "check_trigger")
-        self._trigger = False
-        if fired and self._signals is not None:  # was it a preemption? (the same call count everywhere)
-            self._preempted = self._collectives.any_flag(signalled, "check_trigger (preemption)")
-        return fired
-
-    @property
-    def preempted(self) -> bool:
-        """True on every process once `check_trigger` reported a preemption signal (one of
-        `preemption_signals`, SIGTERM or SIGUSR1 by default, to any process, with ``handle_preemption``).
-
-        Example:
-            >>> if accelerator.check_trigger():
-            ...     accelerator.save_state()
-            ...     if accelerator.preempted:
-            ...         print("preempted: saved, exiting for a requeue")
-        """
-        return self._preempted
-
-    def exit_if_preempted(self) -> None:
-        """When `preempted`: finish pending work (`end_training`, unless it ran already) and end
-        the process with ``unified.PREEMPTED_EXIT_CODE`` (75, ``EX_TEMPFAIL``), the status a
-        requeue script tests (`unified launch` exits with it too when every process did).
-        Otherwise, nothing. It raises ``SystemExit``, so ``finally`` blocks and ``atexit`` run.
-
-        Example:
-            >>> accelerator = Accelerator(handle_preemption=True, project_dir="run")
-            >>> for step, batch in enumerate(loader):
-            ...     train_step(batch)
-            ...     if accelerator.check_trigger():
-            ...         accelerator.save_state()
-            ...         break
-            >>> accelerator.exit_if_preempted()
-        """
-        if not self._preempted:
-            return
-        if not self._ended:
-            self.end_training()
-        record_status("preempted", self.process_index)
-        sys.exit(PREEMPTED_EXIT_CODE)  # an exit status, not a message
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """`print` on the main process only.
-
-        Example:
-            >>> accelerator.print("epoch", 3, "loss", 0.25)
-        """
-        if self.is_main_process:
-            print(*args, **kwargs)
-
-    def on_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` on the main process only (elsewhere it returns ``None``).
-
-        Example:
-            >>> @accelerator.on_main_process
-            ... def log(msg):
-            ...     print(msg)
-        """
-        return only_if(lambda: self.is_main_process, function)
-
-    def on_local_main_process(self, function: F) -> F:
-        """Decorator: run ``function`` on the first process of each machine only.
-
-        Example:
-            >>> @accelerator.on_local_main_process
-            ... def clean_tmp():
-            ...     ...
-        """
-        return only_if(lambda: self.is_local_main_process, function)
-
-    # -- collectives on arrays ----------------------------------------------------------------
-    def gather(self, tree: Any) -> Any:
-        """Concatenate every process's arrays along the first axis, on every process.
-
-        Works on framework tensors/arrays and dicts/lists/tuples of them; 0-d values become
-        one element per process.
-
-        Example:
-            >>> accelerator.gather(torch.tensor([accelerator.process_index]))   # tensor([0, 1])
-        """
-        return self._collectives.gather(tree)
-
-    def gather_for_metrics(self, tree: Any, use_gather_object: bool = False) -> Any:
-        """`gather`, minus the samples that a prepared loader repeated to even out the end of the
-        epoch, so that an evaluation sees each sample exactly once.
-
-        Call it on per-sample values (first axis: the rows of the batch in use) while iterating a
-        prepared loader; the innermost loader being iterated decides which gathered rows are
-        repeats. On JAX a global ``jax.Array`` sharded over the processes (a prepared batch, a
-        jitted step's per-sample output) is already global: the result is its rows without the
-        repeats, as a process-local array equal on every process. With ``use_gather_object=True``
-        (or a list of values that are not arrays, e.g. strings) it returns one list of the
-        per-sample values of every process, without repeats (JSON and arrays; no pickle).
-
-        Example:
-            >>> for x, y in eval_loader:            # 10 samples, batch 3, 3 processes
-            ...     preds, labels = accelerator.gather_for_metrics((model(x).argmax(-1), y))
-            ...     correct += (preds == labels).sum()   # the last batch: 1 sample, not 9
-        """
-        return self._metrics.gather_for_metrics(tree, use_gather_object)
-
-    def pad_across_processes(self, tree: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
-        """Pad every array of ``tree`` along ``dim`` to its largest size over the processes, with
-        ``pad_index`` after the data (before it with ``pad_first``), so that they can be gathered.
-        Arrays without axis ``dim`` are returned as they are. A collective.
-
-        Example:
-            >>> tokens = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
-            >>> tokens = accelerator.gather_for_metrics(tokens)
-        """
-        return self._metrics.pad_across_processes(tree, dim, pad_index, pad_first)
-
-    def reduce(self, tree: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Element-wise ``"sum"`` or ``"mean"`` over processes, on every process. ``scale`` is
-        accepted and, as in Accelerate everywhere but on XLA devices, not applied (a warning says
-        so when it is not 1).
-
-        Example:
-            >>> accelerator.reduce({"loss": loss}, "mean")
-        """
-        if scale != 1.0:
-            warnings.warn(f"reduce(scale={scale!r}) is ignored, as Accelerate ignores it off XLA devices: multiply "
-                          "the result yourself." + see("not-supported-yet"), UserWarning, stacklevel=2)
-        return self._collectives.reduce(tree, reduction)
-
-    def broadcast(self, tree: Any, from_process: int = 0) -> Any:
-        """Every process receives ``from_process``'s arrays (same shapes on every process).
-
-        Example:
-            >>> weights = accelerator.broadcast(weights, from_process=0)
-        """
-        return self._collectives.broadcast(tree, from_process)
-
-    def gather_object(self, value: Any) -> list:
-        """Every process's JSON-serialisable ``value``, in process order (no pickle).
-
-        Example:
-            >>> accelerator.gather_object({"rank": accelerator.process_index})
-        """
-        return self._collectives.all_gather_json(value)
-
     # -- preparing and checkpointing ------------------------------------------------------------
     def prepare(self, *objects: Any, device_placement: Any = None) -> Any:
         """Make models, optimizers, schedulers, scalers and data loaders ready for this backend.
@@ -537,146 +334,6 @@ class Accelerator(AccelerateSurface):
         self._counts[kind] = index + 1
         name = "scaler" if kind == "scaler" and index == 0 else f"{kind}_{index}"
         self._checkpoints.add(Entry(name, get_state, set_state, managed, strict, check, absent_group, replaceable))
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and
-        ``load_state_dict()``. Their state may hold arrays, numbers, strings, lists and dicts.
-
-        Raises an error that is both `ValueError` and `TypeError`, listing every offending
-        object by position, when some object lacks either method.
-
-        Example:
-            >>> accelerator.register_for_checkpointing(scheduler, my_counter)
-        """
-        bad = [f"\n\t- Item at index {i}, `{_pretty_name(o)}`" for i, o in enumerate(objects)
-               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
-        if bad:  # Accelerate's wording, which its tests and scripts match
-            raise RegistrationError(
-                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
-                "The following inputs are invalid:" + "".join(bad) + see("registration-error")
-            )
-        for obj in objects:
-            self._track("custom_checkpoint", obj, obj.state_dict,
-                        lambda state, o=obj: o.load_state_dict(state), managed=False)
-
-    def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
-                   async_save: Optional[bool] = None, **save_model_func_kwargs: Any) -> str:
-        """Write models, optimizers, schedulers, scalers, data positions, registered objects and
-        every RNG state of every process into a checkpoint directory, atomically.
-
-        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directory is
-        ``{project_dir}/checkpoints/checkpoint_{iteration}``. ``async_save=True`` returns after
-        a host snapshot and writes in the background (see `wait_for_checkpoint`); arrays sharded
-        across processes too: every process takes a host copy of its own shards (a collective,
-        with the plan of the write) and writes them in the background; the checkpoint is
-        committed once every process's files are written.
-        ``safe_serialization`` is accepted for Accelerate scripts: files are always safetensors.
-
-        Returns the checkpoint directory.
-
-        Example:
-            >>> path = accelerator.save_state()            # automatic naming
-            >>> path = accelerator.save_state("ckpt/last")  # an explicit directory
-        """
-        self.wait_for_checkpoint()
-        manager = self._checkpoints
-        final = manager.resolve_save_dir(output_dir)
-        if async_save is None:
-            async_save = self.project_configuration.async_save
-        iteration = self.project_configuration.iteration
-        if self.project_configuration.automatic_checkpoint_naming:
-            self.project_configuration.iteration += 1
-        begun, skip, hooks = None, [], ({}, None)
-        if self._save_state_pre_hooks:  # they write into the checkpoint before its files are written
-            begun = manager.begin(final)
-            skip, *hooks = manager.run_save_hooks(begun[1], self._run_save_state_pre_hooks)
-        if not async_save:
-            snapshot = manager.safe_snapshot(iteration, skip=skip)
-            snapshot.hook_files, snapshot.hook_error = hooks
-            return manager.save(final, snapshot, begun)
-        # Where the backend can hold back the next in-place update until the files are written
-        # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
-        # detect the others (version counters), the snapshot needs no copy of the framework arrays.
-        guarded = isinstance(self._backend, WriteGuards)
-        snapshot = manager.safe_snapshot(iteration, detach=True, skip=skip)
-        snapshot.hook_files, snapshot.hook_error = hooks
-        manager.refuse_sharded_on_store(final, snapshot)
-        token, tmp = begun if begun is not None else manager.begin(final)
-        # Arrays sharded across processes: their collective part (the plan, host copies of each
-        # process's own shards) runs here; only their writes go to the background.
-        sharded = manager.begin_sharded(tmp, snapshot)
-        detached = threading.Event()  # set once the background no longer reads live memory
-        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot, sharded, detached.set),
-                            detached=detached)
-        if guarded:
-            pending.release = self._backend.guard_writes(self._prepared, pending.wait_detached)
-        self._async_save = pending
-        return final
-
-    def wait_for_checkpoint(self) -> None:
-        """Block until a background `save_state(async_save=True)` is committed; re-raise its error.
-
-        Example:
-            >>> accelerator.save_state(async_save=True)
-            >>> accelerator.wait_for_checkpoint()
-        """
-        pending, self._async_save = self._async_save, None
-        if pending is None:
-            return
-        pending.release()
-        error: Optional[BaseException] = None
-        try:
-            pending.result()
-        except BaseException as err:  # noqa: BLE001 - shared with the other processes below
-            error = err
-        # A collective after the join: the main process has committed when anyone returns, and
-        # a failure on any process fails the call everywhere, with every process's reason.
-        failed = self._collectives.share_failure(error, "wait_for_checkpoint")
-        if failed:  # the main process's reason already lists every process's report
-            rank, reason = failed[0]
-            raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
-                                  + see("background-save-failed"))
-
-    def load_state(self, input_dir: Optional[str] = None, *, if_exists: bool = False,
-                   **load_kwargs: Any) -> Optional[str]:
-        """Restore everything `save_state` wrote, in place, on every process.
-
-        Without ``input_dir`` and with automatic naming, loads the newest checkpoint of
-        ``{project_dir}/checkpoints`` that verifies; afterwards the next automatic save never
-        collides. A damaged newer one (a checksum mismatch, a missing, truncated or unparseable
-        file or manifest, a hostile header: what verification finds before anything is
-        restored) is skipped and set aside as ``checkpoint_N.damaged`` (on a store: its manifest
-        moved to ``manifest.json.damaged``), never deleted, and the main process warns which one
-        and why; every process takes the same decision. Any other failure (the checkpoint does
-        not fit this run, a store out of reach) raises as it is. Accelerate's
-        ``map_location``/``strict`` keywords are accepted. Returns the directory.
-
-        ``if_exists=True``: resume if there is a checkpoint, else start fresh: returns ``None``
-        and changes nothing when there is none yet (no complete automatically named checkpoint,
-        or no ``manifest.json`` in ``input_dir``), which every process agrees on. With automatic
-        naming it skips damaged checkpoints as above. The one line a script restarted by
-        ``unified launch --max-restarts`` needs.
-
-        Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
-        mismatched checkpoint, before any object is modified: always for an explicit
-        ``input_dir`` (nothing is skipped or set aside then), and with automatic naming when no
-        checkpoint verifies, naming each one skipped, ``if_exists=True`` included (starting
-        fresh would silently throw away the training the damaged ones hold).
-
-        Example:
-            >>> accelerator.load_state()                    # newest checkpoint that verifies
-            >>> accelerator.load_state("ckpt/last")         # this one, or CheckpointError
-            >>> accelerator.load_state(if_exists=True)      # resume, or start fresh
-        """
-        unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
-        if unknown:
-            raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
-                            + see("load-unexpected-keyword"))
-        self.wait_for_checkpoint()
-        if if_exists:
-            if not self._checkpoints.has_checkpoint(input_dir):
-                return None
-        return self._checkpoints.load_newest(input_dir, self._run_load_state_pre_hooks, if_exists=if_exists)
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """The rest of the current epoch of a prepared loader, from absolute position
@@ -752,178 +409,6 @@ class Accelerator(AccelerateSurface):
             raise CheckpointError(f"save_model({save_directory!r}) failed on process {failed[0][0]}: {failed[0][1]}"
                                   + see("save-model-failed"))
         return path
-
-    # -- the training loop ----------------------------------------------------------------------
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step (``Accelerator(gradient_accumulation_steps=...)``);
-        settable, as in Accelerate (``accelerator.gradient_accumulation_steps = 4``).
-
-        Example:
-            >>> accelerator.gradient_accumulation_steps = 4
-        """
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, value: int) -> None:
-        steps = resolve_accumulation_steps(value)
-        if steps > 1 and self._loop is None:
-            require(self._backend, TrainingLoop, f"accelerator.gradient_accumulation_steps = {steps}")
-        self.gradient_state.num_steps = steps
-        self._checkpoint_loop_state()
-
-    @property
-    def sync_gradients(self) -> bool:
-        """True on the micro-batch that closes an accumulation window (every N-th one, and the
-        last batch of a prepared loader): the optimizer really steps then.
-
-        Example:
-            >>> with accelerator.accumulate(model):
-            ...     accelerator.backward(loss)
-            ...     if accelerator.sync_gradients:
-            ...         accelerator.clip_grad_norm_(model.parameters(), 1.0)
-        """
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state.sync_gradients = bool(value)
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        """True when a prepared optimizer skipped its last step (fp16 gradients with inf/NaN).
-
-        Example:
-            >>> if not accelerator.optimizer_step_was_skipped:
-            ...     ema.update(model)
-        """
-        return self.gradient_state.optimizer_step_skipped
-
-    @contextlib.contextmanager
-    def accumulate(self, *models: Any) -> Any:
-        """One micro-batch of gradient accumulation: inside, gradients are not synchronised
-        across processes and prepared optimizers/schedulers do not step, except on the
-        micro-batch that closes the window (`sync_gradients`). ``backward`` divides the loss by
-        ``gradient_accumulation_steps``. On JAX the prepared ``nnx.Optimizer`` accumulates by
-        itself; ``accumulate`` keeps the count (and closes the window at a loader's end).
-
-        Example:
-            >>> accelerator = Accelerator(gradient_accumulation_steps=4)
-            >>> for batch in loader:
-            ...     with accelerator.accumulate(model):
-            ...         loss = model(batch).mean()
-            ...         accelerator.backward(loss)
-            ...         optimizer.step()
-            ...         optimizer.zero_grad()
-        """
-        self.gradient_state.advance()
-        with contextlib.ExitStack() as stack:
-            if self._loop is not None:
-                self._loop.before_micro_step()
-                if not self.gradient_state.sync_gradients:
-                    for model in models:
-                        stack.enter_context(self._loop.no_sync(model))
-            yield
-
-    def no_sync(self, model: Any) -> "contextlib.AbstractContextManager[None]":
-        """Gradients computed inside are not synchronised across processes (DDP's ``no_sync``;
-        a no-op on JAX, whose jitted step computes global gradients).
-
-        Example:
-            >>> with accelerator.no_sync(model):
-            ...     accelerator.backward(loss)       # local gradients only
-        """
-        return require(self._backend, TrainingLoop, "accelerator.no_sync()").no_sync(model)
-
-    def autocast(self) -> "contextlib.AbstractContextManager[None]":
-        """Compute in the Accelerator's mixed precision outside a prepared forward (torch:
-        ``torch.autocast``; JAX: a no-op, prepared modules already compute in bf16).
-
-        Example:
-            >>> with accelerator.autocast():
-            ...     loss = loss_fn(model(x), y)
-        """
-        if self._loop is None:
-            return contextlib.nullcontext()
-        return self._loop.autocast()
-
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
-        """Clip gradients to a total ``max_norm``. torch: ``parameters`` as for
-        ``torch.nn.utils.clip_grad_norm_`` (unscaled first under fp16); returns the total norm
-        before clipping. JAX: ``parameters`` is the gradient tree; returns ``(clipped, norm)``
-        and works inside ``jit``.
-
-        Example:
-            >>> norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)          # torch
-            >>> grads, norm = accelerator.clip_grad_norm_(grads, 1.0)                # JAX
-        """
-        return require(self._backend, TrainingLoop, "accelerator.clip_grad_norm_()").clip_grad_norm_(
-            parameters, max_norm, norm_type)
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> Any:
-        """Clip every gradient element to ``[-clip_value, clip_value]`` (torch: in place, unscaled
-        first under fp16; JAX: returns the clipped gradient tree).
-
-        Example:
-            >>> accelerator.clip_grad_value_(model.parameters(), 0.5)
-        """
-        return require(self._backend, TrainingLoop, "accelerator.clip_grad_value_()").clip_grad_value_(
-            parameters, clip_value)
-
-    def next_key(self) -> Any:
-        """A fresh ``jax.random`` key from the Accelerator's stream (seeded by ``seed``; saved
-        and restored with every checkpoint). JAX backend only.
-
-        Example:
-            >>> dropout_key = accelerator.next_key()
-        """
-        return require(self._backend, KeyStream, "accelerator.next_key()").next_key()
-
-    # -- experiment trackers (the logic: unified/tracking/) ---------------------------------------
-    @property
-    def trackers(self) -> list:
-        """The started trackers (`unified.tracking.GeneralTracker`); empty off the main process."""
-        return list(self._trackers.trackers)
-
-    def init_trackers(self, project_name: str, config: Optional[Dict[str, Any]] = None,
-                      init_kwargs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
-        """Start the ``log_with`` trackers on the main process (elsewhere: nothing), writing under
-        ``logging_dir``; ``config`` (hyperparameters) is stored with the run, ``init_kwargs`` maps a
-        tracker's name to keywords for it (e.g. ``{"wandb": {"tags": [...]}}``).
-
-        A job that will resume continues the runs of the checkpoint ``load_state()`` would load
-        (every checkpoint names them): W&B logs into the same run id (``resume="allow"``), MLflow
-        into the same run, TensorBoard into the same folder, so a restarted or requeued job's
-        steps go on in one run. A run the script names itself (``init_kwargs={"wandb": {"id":
-        ...}}``, MLflow's ``run_id=`` / ``MLFLOW_RUN_ID``) wins; so does a new ``project_dir``.
-
-        Example:
-            >>> accelerator = Accelerator(log_with="all", project_dir="runs/exp")
-            >>> accelerator.init_trackers("mnist", config={"lr": 1e-3, "batch_size": 64})
-        """
-        self._trackers.start(self._backend, project_name, self.logging_dir, config, init_kwargs,
-                             saved=self._checkpoints.saved_tracker_identities)
-
-    def log(self, values: Dict[str, Any], step: Optional[int] = None,
-            log_kwargs: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
-        """Log ``values`` (name -> number, 0-d framework array, string or dict of numbers) at
-        ``step`` to every tracker; a no-op off the main process and before `init_trackers`.
-
-        Example:
-            >>> accelerator.log({"train_loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
-        """
-        self._trackers.log(self._backend, values, step, log_kwargs)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The started tracker called ``name`` (``unwrap=True``: the library's own object, e.g. the
-        ``SummaryWriter``, ``mlflow.ActiveRun`` or ``wandb.Run``); off the main process a tracker
-        whose calls do nothing.
-
-        Example:
-            >>> run = accelerator.get_tracker("wandb", unwrap=True)
-            >>> writer = accelerator.get_tracker("tensorboard").tracker
-        """
-        return self._trackers.get(name, unwrap)
 
     # -- the end ------------------------------------------------------------------------------
     def end_training(self) -> None:
@@ -1012,12 +497,3 @@ def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[Trai
         raise ValueError(f"mixed_precision={precision!r} is not supported by the {backend.name!r} backend.{hint}"
                          + see("mixed-precision-unsupported"))
     return backend
-
-
-def _pretty_name(obj: Any) -> str:
-    """Accelerate's ``get_pretty_name``: a class's or function's own name, else its type's."""
-    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
-        obj = getattr(obj, "__class__", obj)
-    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
-
-

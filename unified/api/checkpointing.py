@@ -1,0 +1,162 @@
+"""Checkpoints (`unified.Accelerator`'s part): ``register_for_checkpointing``, ``save_state``,
+``wait_for_checkpoint`` and ``load_state``; the work is `unified.checkpoint.manager`'s."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from ..backend import WriteGuards
+from ..checkpoint.asynchronous import AsyncSave
+from ..errors import CheckpointError, RegistrationError, see
+
+
+
+class Checkpointing:
+    """Mixed into `unified.Accelerator`: uses its backend, collectives and state."""
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` with every checkpoint; each needs ``state_dict()`` and
+        ``load_state_dict()``. Their state may hold arrays, numbers, strings, lists and dicts.
+
+        Raises an error that is both `ValueError` and `TypeError`, listing every offending
+        object by position, when some object lacks either method.
+
+        Example:
+            >>> accelerator.register_for_checkpointing(scheduler, my_counter)
+        """
+        bad = [f"\n\t- Item at index {i}, `{_pretty_name(o)}`" for i, o in enumerate(objects)
+               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
+        if bad:  # Accelerate's wording, which its tests and scripts match
+            raise RegistrationError(
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
+                "The following inputs are invalid:" + "".join(bad) + see("registration-error")
+            )
+        for obj in objects:
+            self._track("custom_checkpoint", obj, obj.state_dict,
+                        lambda state, o=obj: o.load_state_dict(state), managed=False)
+
+    def save_state(self, output_dir: Optional[str] = None, safe_serialization: bool = True,
+                   async_save: Optional[bool] = None, **save_model_func_kwargs: Any) -> str:
+        """Write models, optimizers, schedulers, scalers, data positions, registered objects and
+        every RNG state of every process into a checkpoint directory, atomically.
+
+        With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directory is
+        ``{project_dir}/checkpoints/checkpoint_{iteration}``. ``async_save=True`` returns after
+        a host snapshot and writes in the background (see `wait_for_checkpoint`); arrays sharded
+        across processes too: every process takes a host copy of its own shards (a collective,
+        with the plan of the write) and writes them in the background; the checkpoint is
+        committed once every process's files are written.
+        ``safe_serialization`` is accepted for Accelerate scripts: files are always safetensors.
+
+        Returns the checkpoint directory.
+
+        Example:
+            >>> path = accelerator.save_state()            # automatic naming
+            >>> path = accelerator.save_state("ckpt/last")  # an explicit directory
+        """
+        self.wait_for_checkpoint()
+        manager = self._checkpoints
+        final = manager.resolve_save_dir(output_dir)
+        if async_save is None:
+            async_save = self.project_configuration.async_save
+        iteration = self.project_configuration.iteration
+        if self.project_configuration.automatic_checkpoint_naming:
+            self.project_configuration.iteration += 1
+        begun, skip, hooks = None, [], ({}, None)
+        if self._save_state_pre_hooks:  # they write into the checkpoint before its files are written
+            begun = manager.begin(final)
+            skip, *hooks = manager.run_save_hooks(begun[1], self._run_save_state_pre_hooks)
+        if not async_save:
+            snapshot = manager.safe_snapshot(iteration, skip=skip)
+            snapshot.hook_files, snapshot.hook_error = hooks
+            return manager.save(final, snapshot, begun)
+        # Where the backend can hold back the next in-place update until the files are written
+        # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
+        # detect the others (version counters), the snapshot needs no copy of the framework arrays.
+        guarded = isinstance(self._backend, WriteGuards)
+        snapshot = manager.safe_snapshot(iteration, detach=True, skip=skip)
+        snapshot.hook_files, snapshot.hook_error = hooks
+        manager.refuse_sharded_on_store(final, snapshot)
+        token, tmp = begun if begun is not None else manager.begin(final)
+        # Arrays sharded across processes: their collective part (the plan, host copies of each
+        # process's own shards) runs here; only their writes go to the background.
+        sharded = manager.begin_sharded(tmp, snapshot)
+        detached = threading.Event()  # set once the background no longer reads live memory
+        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot, sharded, detached.set),
+                            detached=detached)
+        if guarded:
+            pending.release = self._backend.guard_writes(self._prepared, pending.wait_detached)
+        self._async_save = pending
+        return final
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background `save_state(async_save=True)` is committed; re-raise its error.
+
+        Example:
+            >>> accelerator.save_state(async_save=True)
+            >>> accelerator.wait_for_checkpoint()
+        """
+        pending, self._async_save = self._async_save, None
+        if pending is None:
+            return
+        pending.release()
+        error: Optional[BaseException] = None
+        try:
+            pending.result()
+        except BaseException as err:  # noqa: BLE001 - shared with the other processes below
+            error = err
+        # A collective after the join: the main process has committed when anyone returns, and
+        # a failure on any process fails the call everywhere, with every process's reason.
+        failed = self._collectives.share_failure(error, "wait_for_checkpoint")
+        if failed:  # the main process's reason already lists every process's report
+            rank, reason = failed[0]
+            raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
+                                  + see("background-save-failed"))
+
+    def load_state(self, input_dir: Optional[str] = None, *, if_exists: bool = False,
+                   **load_kwargs: Any) -> Optional[str]:
+        """Restore everything `save_state` wrote, in place, on every process.
+
+        Without ``input_dir`` and with automatic naming, loads the newest checkpoint of
+        ``{project_dir}/checkpoints`` that verifies; afterwards the next automatic save never
+        collides. A damaged newer one (a checksum mismatch, a missing, truncated or unparseable
+        file or manifest, a hostile header: what verification finds before anything is
+        restored) is skipped and set aside as ``checkpoint_N.damaged`` (on a store: its manifest
+        moved to ``manifest.json.damaged``), never deleted, and the main process warns which one
+        and why; every process takes the same decision. Any other failure (the checkpoint does
+        not fit this run, a store out of reach) raises as it is. Accelerate's
+        ``map_location``/``strict`` keywords are accepted. Returns the directory.
+
+        ``if_exists=True``: resume if there is a checkpoint, else start fresh: returns ``None``
+        and changes nothing when there is none yet (no complete automatically named checkpoint,
+        or no ``manifest.json`` in ``input_dir``), which every process agrees on. With automatic
+        naming it skips damaged checkpoints as above. The one line a script restarted by
+        ``unified launch --max-restarts`` needs.
+
+        Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
+        mismatched checkpoint, before any object is modified: always for an explicit
+        ``input_dir`` (nothing is skipped or set aside then), and with automatic naming when no
+        checkpoint verifies, naming each one skipped, ``if_exists=True`` included (starting
+        fresh would silently throw away the training the damaged ones hold).
+
+        Example:
+            >>> accelerator.load_state()                    # newest checkpoint that verifies
+            >>> accelerator.load_state("ckpt/last")         # this one, or CheckpointError
+            >>> accelerator.load_state(if_exists=True)      # resume, or start fresh
+        """
+        unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
+        if unknown:
+            raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
+                            + see("load-unexpected-keyword"))
+        self.wait_for_checkpoint()
+        if if_exists:
+            if not self._checkpoints.has_checkpoint(input_dir):
+                return None
+        return self._checkpoints.load_newest(input_dir, self._run_load_state_pre_hooks, if_exists=if_exists)
+
+
+def _pretty_name(obj: Any) -> str:
+    """Accelerate's ``get_pretty_name``: a class's or function's own name, else its type's."""
+    if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
+        obj = getattr(obj, "__class__", obj)
+    return str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or obj)
