@@ -2,13 +2,14 @@
 
 Run from the repository root:
 
-    python benchmarks/collectives.py [--iters 2000] [--block 50] [--backends torch,jax] [--no-picture]
+    python -m benchmarks.collectives [--iters 2000] [--block 50] [--backends torch,jax] [--no-picture]
 
 For each backend the script launches itself on 2 processes with
 ``python -m unified launch -n 2 --backend B benchmarks/collectives.py --worker ...``.
 Each worker creates ``Accelerator()``, warms up, then measures every call on its own
-(``time.perf_counter_ns``), alternating blocks of raw and ours calls (the order flips every
-block, so drift in machine load hits both sides alike). Process 0 prints one JSON line with
+(``time.perf_counter_ns``), alternating blocks of raw and ours calls (the order rotates every
+block, so drift in machine load hits both sides alike; `runner.interleaved`: Python's garbage
+collected and a barrier before every block, untimed). Process 0 prints one JSON line with
 the medians; the parent prints a markdown table and draws docs/benchmarks/img/collectives.png
 (the median of each block of calls as one sample; ``--no-picture``: not).
 
@@ -35,49 +36,42 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
-import plot  # noqa: E402
-from mdtable import table as markdown_table  # noqa: E402
+from benchmarks import plot
+from benchmarks.runner import emit, interleaved, main_launched, table as markdown_table
+
 RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
 
 
 # -- measurement (runs in every worker; all processes run the same call sequence) ----------------
-def _measure(pairs: Dict[str, Callable[[], object]], iters: int, block: int, warmup: int) -> Dict[str, dict]:
-    """Time every call of each function in ``pairs``, interleaving them block by block.
-
-    Blocks rotate through the functions, and the rotation start advances each round, so every
-    function is measured equally often early and late in each round.
-    """
-    names = list(pairs)
-    for name in names:
-        for _ in range(warmup):
-            pairs[name]()
-    samples: Dict[str, List[int]] = {name: [] for name in names}
-    clock = time.perf_counter_ns
-    rounds = max(1, iters // block)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            fn, out = pairs[name], samples[name]
+def _measure(pairs: Dict[str, Callable[[], object]], iters: int, block: int, warmup: int,
+             sync: Callable[[], None]) -> Dict[str, dict]:
+    """Time every call of each function in ``pairs`` (nanoseconds), ``block`` calls of one after
+    the other's, the order of the blocks rotated every round (`runner.interleaved`, ``sync()``
+    first); ``warmup`` untimed calls of each first (in blocks)."""
+    def calls(fn: Callable[[], object]) -> Callable[[], List[int]]:
+        def run() -> List[int]:
+            clock, out = time.perf_counter_ns, []
             for _ in range(block):
                 t0 = clock()
                 fn()
                 out.append(clock() - t0)
+            return out
+        return run
+
+    blocks = interleaved({name: calls(fn) for name, fn in pairs.items()}, max(1, iters // block),
+                         warmup=-(-warmup // block), sync=sync)
     result = {}
-    for name, values in samples.items():
-        blocks = [statistics.median(values[i:i + block]) / 1e3 for i in range(0, len(values), block)]
-        values.sort()
+    for name, timed in blocks.items():
+        values = sorted(ns for times in timed for ns in times)
         n = len(values)
         result[name] = {
             "median_us": statistics.median(values) / 1e3,
             "p10_us": values[n // 10] / 1e3,
             "p90_us": values[(9 * n) // 10] / 1e3,
             "n": n,
-            "block_medians_us": blocks,
+            "block_medians_us": [statistics.median(times) / 1e3 for times in timed],
         }
     return result
 
@@ -219,13 +213,12 @@ def worker(args: argparse.Namespace) -> None:
 
     accelerator = Accelerator()
     build = {"torch": _torch_pairs, "jax": _jax_pairs}[accelerator.backend]
-    rows = []
-    for operation, pairs in build(accelerator).items():
-        stats = _measure(pairs, args.iters, args.block, args.warmup)
-        rows.append({"operation": operation, "stats": stats})
+    rows = [{"operation": operation, "stats": _measure(pairs, args.iters, args.block, args.warmup,
+                                                       accelerator.wait_for_everyone)}
+            for operation, pairs in build(accelerator).items()]
     if accelerator.is_main_process:
-        report({"backend": accelerator.backend, "num_processes": accelerator.num_processes,
-                "iters": args.iters, "block": args.block, "rows": rows})
+        emit({"backend": accelerator.backend, "num_processes": accelerator.num_processes,
+              "iters": args.iters, "block": args.block, "rows": rows})
     accelerator.end_training()
 
 
@@ -245,40 +238,24 @@ def table(results: List[dict]) -> str:
     return markdown_table(["backend", "operation", "ours median (µs)", "raw median (µs)", "ratio"], "llrrr", rows)
 
 
-def picture(results: List[dict]) -> None:
-    """docs/benchmarks/img/collectives.png: per backend and operation, ours, the raw primitive
-    and the "info" variants; one sample per block of calls (its median: a single call's
+def show(results: List[dict], picture: bool) -> None:
+    """The table; docs/benchmarks/img/collectives.png: per backend and operation, ours, the raw
+    primitive and the "info" variants; one sample per block of calls (its median: a single call's
     min-max would only show the machine's hiccups)."""
-    samples = {f"{r['backend']} {row['operation']}": {name: s["block_medians_us"] for name, s in row["stats"].items()}
-               for r in results for row in r["rows"]}
-    block = results[0]["block"] if results else 0
-    plot.draw(plot.image("collectives"), f"per-call latency, {results[0]['num_processes'] if results else 2} processes",
-              "µs per call", samples, note=f"a run = the median of a block of {block} calls")
+    print(table(results))
+    if picture and results:
+        samples = {f"{r['backend']} {row['operation']}": {name: s["block_medians_us"] for name, s in row["stats"].items()}
+                   for r in results for row in r["rows"]}
+        plot.draw(plot.image("collectives"), f"per-call latency, {results[0]['num_processes']} processes", "µs per call",
+                  samples, note=f"a run = the median of a block of {results[0]['block']} calls")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=2000, help="timed calls per variant (default 2000)")
-    parser.add_argument("--block", type=int, default=50, help="calls per interleaved block (default 50)")
-    parser.add_argument("--warmup", type=int, default=100, help="untimed calls per variant first (default 100)")
-    parser.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
-    parser.add_argument("--group-timeout", type=float, default=300.0, help="seconds per backend run")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    plot.add_option(parser)
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    results = launch_each(__file__, args.backends, ["--iters", str(args.iters), "--block", str(args.block),
-                                                    "--warmup", str(args.warmup)], args.group_timeout,
-                          lambda r: f"{r['num_processes']} processes, {r['iters']} calls per variant "
-                                    f"(blocks of {r['block']})")
-    if results is None:
-        return 1
-    print(table(results))
-    if not args.no_picture:
-        picture(results)
-    return 0
+    return main_launched(__doc__, argv, __file__, worker, {"iters": (2000, "timed calls per variant"),
+                                                           "block": (50, "calls per interleaved block"),
+                                                           "warmup": (100, "untimed calls per variant first")}, 300.0,
+                         lambda r: f"{r['num_processes']} processes, {r['iters']} calls per variant (blocks of {r['block']})",
+                         show)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Run from the repository root (one process; the JAX part runs in a child process):
 
-    python benchmarks/data.py [--rounds 7] [--skip-samples 6400000] [--no-jax] [--no-picture]
+    python -m benchmarks.data [--rounds 7] [--skip-samples 6400000] [--no-jax] [--no-picture]
 
 Besides its tables it draws docs/benchmarks/img/data-skip.png, data-iterable.png,
 data-overhead.png and data-overhead-jax.png (one per table; ``--no-picture``: none).
@@ -25,8 +25,9 @@ What is measured (all single-process, CPU, ``num_workers=0``):
 3. Per-batch overhead: 2,000 batches of 64 float32 vectors of 256 (one full epoch, so every
    loader's start-of-epoch work is included) for a plain torch ``DataLoader(shuffle=True)``, the
    same loader prepared by us, a prepared ``unified.DataLoader`` and (info) Accelerate's prepared
-   loader and a hand-written NumPy loop + ``torch.from_numpy``. Each of ``--rounds`` rounds runs
-   every variant once (order rotated per round); medians of per-epoch times. The JAX backend is
+   loader and a hand-written NumPy loop + ``torch.from_numpy``. After a warm-up epoch of each,
+   ``--rounds`` epochs of every variant, interleaved in blocks of 50 batches (the order rotated
+   every block; `runner.interleaved`); medians of per-epoch times. The JAX backend is
    measured the same way in a child process: a prepared ``unified.DataLoader`` yielding
    ``jax.Array`` vs a plain loop building the same NumPy batches and calling ``jnp.asarray``
    (each batch ``block_until_ready``).
@@ -34,22 +35,16 @@ What is measured (all single-process, CPU, ``num_workers=0``):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import plot  # noqa: E402  (benchmarks/ is not a package)
-MARKER = "UNIFIED_BENCH_JSON "
+from benchmarks import plot
+from benchmarks.runner import Run, clocked, emit, interleaved, module, print_command, run_part, table
+
 SKIP = 100_000
 BATCH = 32
 
@@ -97,13 +92,9 @@ def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     # ours
     ds = CountingDataset(n)
     loader = acc.prepare(unified.DataLoader(ds, batch_size=BATCH, shuffle=True, seed=0))
-    t0 = time.perf_counter()
-    first = next(iter(acc.skip_first_batches(loader, SKIP)))
-    total = time.perf_counter() - t0
+    first, total = clocked(lambda: next(iter(acc.skip_first_batches(loader, SKIP))))
     calls = ds.calls
-    t0 = time.perf_counter()
-    order = loader.epoch_order(0)
-    t_perm = time.perf_counter() - t0
+    order, t_perm = clocked(loader.epoch_order, 0)
     correct = first.tolist() == loader.batch_indices(order, SKIP)
     rows.append(dict(n=n, left=left, who="ours (`unified.DataLoader`, torch backend)", total=total, calls=calls,
                      detail=f"the epoch's permutation {_ms(t_perm)} ms (timed apart); index lists made lazily",
@@ -112,10 +103,7 @@ def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     # Accelerate
     ds_h = CountingDataset(n)
     dl = hf.prepare(torch.utils.data.DataLoader(ds_h, batch_size=BATCH, shuffle=True))
-    t0 = time.perf_counter()
-    skipped = accelerate.skip_first_batches(dl, SKIP)
-    batch = next(iter(skipped))
-    total_h = time.perf_counter() - t0
+    batch, total_h = clocked(lambda: next(iter(accelerate.skip_first_batches(dl, SKIP))))
     rows.append(dict(n=n, left=left, who=f"Accelerate {accelerate.__version__} `skip_first_batches`", total=total_h,
                      calls=ds_h.calls, detail=f"{ds_h.calls} = first batch + 1 look-ahead batch (`DataLoaderShard`)",
                      correct=len(batch) == BATCH))
@@ -139,17 +127,14 @@ def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
     skip, rows = 1_000, []
     ds = Stream(100_000)
     dl = hf.prepare(torch.utils.data.DataLoader(ds, batch_size=8))
-    t0 = time.perf_counter()
-    batch = next(iter(accelerate.skip_first_batches(dl, skip)))
-    total = time.perf_counter() - t0
+    batch, total = clocked(lambda: next(iter(accelerate.skip_first_batches(dl, skip))))
     rows.append(dict(who=f"Accelerate {accelerate.__version__}", total=total, calls=ds.read,
                      detail=f"read and dropped; first batch starts at item {int(batch[0])}"))
     ours = Stream(100_000)
     try:
         loader = acc.prepare(torch.utils.data.DataLoader(ours, batch_size=8))
-        t0 = time.perf_counter()
-        next(iter(acc.skip_first_batches(loader, skip)))
-        rows.append(dict(who="ours, plain stream", total=time.perf_counter() - t0, calls=ours.read,
+        _, total = clocked(lambda: next(iter(acc.skip_first_batches(loader, skip))))
+        rows.append(dict(who="ours, plain stream", total=total, calls=ours.read,
                          detail="read and dropped on the host (never collated or placed)"))
 
         class StatefulStream(torch.utils.data.IterableDataset):  # torchdata's protocol
@@ -172,10 +157,8 @@ def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
                  "dataset": {"next": skip * 8}}  # what save_state records after 1,000 batches
         stateful = StatefulStream(100_000)
         loader = acc.prepare(torch.utils.data.DataLoader(stateful, batch_size=8))
-        t0 = time.perf_counter()
-        loader.load_state_dict(saved)
-        batch = next(iter(acc.skip_first_batches(loader, skip)))
-        rows.append(dict(who="ours, stream with `state_dict` (resumed by `load_state`)", total=time.perf_counter() - t0,
+        batch, total = clocked(lambda: (loader.load_state_dict(saved), next(iter(acc.skip_first_batches(loader, skip))))[1])
+        rows.append(dict(who="ours, stream with `state_dict` (resumed by `load_state`)", total=total,
                          calls=stateful.read, detail=f"resumed from the dataset's state; first batch starts at item {int(batch[0])}"))
     except NotImplementedError as err:
         rows.append(dict(who="ours", total=None, calls=None,
@@ -186,36 +169,37 @@ def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
 # -- 3. per-batch overhead ------------------------------------------------------------------------------
 def _interleave(variants: Dict[str, Callable[[], Iterator[Any]]], rounds: int, batches: int,
                 block: int = 50) -> Dict[str, List[List[float]]]:
-    """Per round (one epoch of every variant): open every variant's iterator, then fetch blocks of
-    ``block`` batches from each in turn (the order rotates every block), timing each block.
+    """A warm-up epoch of every variant, then ``rounds`` epochs of each, interleaved: blocks of
+    ``block`` batches from each variant in turn, the order rotated every block, each block timed
+    (`runner.interleaved`; an epoch's iterator stays open across its blocks).
 
     Returns, per variant, per round, the block times in seconds; the first block of a round
     includes the start of the epoch (``iter()`` and the first batch).
     """
-    names = list(variants)
-    for name in names:  # warm-up epoch
-        for _ in variants[name]():
-            pass
-    out: Dict[str, List[List[float]]] = {name: [] for name in names}
-    clock = time.perf_counter
-    for r in range(rounds):
-        iters: Dict[str, Iterator[Any]] = {}
-        blocks: Dict[str, List[float]] = {name: [] for name in names}
-        for k in range(batches // block):
-            shift = (r + k) % len(names)
-            for name in names[shift:] + names[:shift]:
-                t0 = clock()
-                if name not in iters:
-                    iters[name] = iter(variants[name]())
-                it = iters[name]
-                for _ in range(block):
-                    next(it)
-                blocks[name].append(clock() - t0)
-        for name in names:
-            for _ in iters[name]:  # must be exhausted: one epoch each
-                raise AssertionError(f"{name} yielded more than {batches} batches")
-            out[name].append(blocks[name])
-    return out
+    per_epoch = batches // block
+
+    def blocks(name: str, make: Callable[[], Iterator[Any]]) -> Callable[[], float]:
+        epoch: Dict[str, Any] = {"it": None, "blocks": 0}
+
+        def fetch() -> None:
+            if epoch["it"] is None:
+                epoch["it"] = iter(make())
+            for _ in range(block):
+                next(epoch["it"])
+
+        def run() -> float:
+            seconds = clocked(fetch)[1]
+            epoch["blocks"] += 1
+            if epoch["blocks"] == per_epoch:
+                for _ in epoch["it"]:  # must be exhausted: one epoch each
+                    raise AssertionError(f"{name} yielded more than {batches} batches")
+                epoch.update(it=None, blocks=0)
+            return seconds
+        return run
+
+    got = interleaved({name: blocks(name, make) for name, make in variants.items()}, rounds * per_epoch,
+                      warmup=per_epoch)
+    return {name: [times[i:i + per_epoch] for i in range(0, len(times), per_epoch)] for name, times in got.items()}
 
 
 def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[str, List[float]]:
@@ -292,24 +276,15 @@ def jax_worker(rounds: int, batches: int) -> None:
             loop(lambda x: jax.make_array_from_process_local_data(sharding, x)),
         "info: NumPy loop + `jax.device_put(x, same NamedSharding)`": loop(lambda x: jax.device_put(x, sharding)),
     }, rounds, batches)
-    print(MARKER + json.dumps({"times": times, "jax": jax.__version__, "devices": str(jax.devices())}), flush=True)
+    emit({"times": times, "jax": jax.__version__, "devices": str(jax.devices())})
 
 
 def bench_overhead_jax(rounds: int, batches: int) -> Dict[str, Any]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, __file__, "--jax-worker", "--rounds", str(rounds), "--batches", str(batches)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    for line in proc.stdout.splitlines():
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
-    raise RuntimeError(f"JAX worker failed (rc={proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return run_part(module("data", "--jax-worker", "--rounds", str(rounds), "--batches", str(batches)),
+                    {"JAX_PLATFORMS": "cpu"}, timeout=240, quiet=True)
 
 
-OVERHEAD_HEADER = ("| loader | steady state per batch (µs) | epoch start (ms) | per batch incl. epoch start (µs) "
-                   "| overhead vs plain (steady) | overhead vs plain (incl. start) |\n|---|---:|---:|---:|---:|---:|")
-
-
-def _overhead_rows(times: Dict[str, List[List[float]]], batches: int, baseline: str) -> List[str]:
+def _overhead_table(times: Dict[str, List[List[float]]], batches: int, baseline: str) -> str:
     """Steady state: median over all blocks after the first of each epoch. Epoch start: median
     over epochs of (first block - steady block). Incl. start: median over epochs of the epoch's
     total time / batches."""
@@ -321,12 +296,11 @@ def _overhead_rows(times: Dict[str, List[List[float]]], batches: int, baseline: 
         total = statistics.median([sum(blocks) for blocks in rounds]) / batches
         stats[name] = (steady, start, total)
     b_steady, _, b_total = stats[baseline]
-    out = []
-    for name, (steady, start, total) in stats.items():
-        o1 = "—" if name == baseline else f"{(steady / b_steady - 1) * 100:+.1f}%"
-        o2 = "—" if name == baseline else f"{(total / b_total - 1) * 100:+.1f}%"
-        out.append(f"| {name} | {steady * 1e6:,.1f} | {start * 1e3:,.2f} | {total * 1e6:,.1f} | {o1} | {o2} |")
-    return out
+    rows = [[name, f"{steady * 1e6:,.1f}", f"{start * 1e3:,.2f}", f"{total * 1e6:,.1f}",
+             "—" if name == baseline else f"{(steady / b_steady - 1) * 100:+.1f}%",
+             "—" if name == baseline else f"{(total / b_total - 1) * 100:+.1f}%"] for name, (steady, start, total) in stats.items()]
+    return table(["loader", "steady state per batch (µs)", "epoch start (ms)", "per batch incl. epoch start (µs)",
+                  "overhead vs plain (steady)", "overhead vs plain (incl. start)"], "lrrrrr", rows)
 
 
 def _label(name: str) -> str:
@@ -361,50 +335,47 @@ def main() -> None:
     import torch
     import unified
 
-    started = time.perf_counter()
+    print_command()
+    run = Run()
     acc = unified.Accelerator(backend="torch")
     hf = accelerate.Accelerator(cpu=True)
     print(f"# Data-loading benchmark\n\nPython {sys.version.split()[0]}, torch {torch.__version__}, "
           f"accelerate {accelerate.__version__}, numpy {np.__version__}; {os.cpu_count()} CPUs; "
-          f"load average at start {os.getloadavg()[0]:.1f}\n", flush=True)
+          f"load average at start {run.load:.1f}\n", flush=True)
 
     print(f"## 1. Skip {SKIP:,} batches of a map-style dataset (batch {BATCH}, shuffled), time to the first batch\n")
-    print("| dataset (batches left after skip) | loader | time to first batch (ms) | `__getitem__` calls "
-          "| skipped batches loaded | notes |")
-    print("|---|---|---:|---:|---:|---|")
     skips: Dict[str, Dict[str, List[float]]] = {}
+    rows = []
     for n in (BATCH * (SKIP + 1_000), args.skip_samples):
         for row in bench_map_skip(n, acc, hf):
             skips.setdefault(f"{n:,} samples ({row['left']:,} batches left)", {})[_label(row["who"])] = [row["total"] * 1e3]
             loaded = row["calls"] - (2 * BATCH if row["who"].startswith("Accelerate") else BATCH)
-            note = row["detail"] + ("" if row["correct"] else "; WRONG FIRST BATCH")
-            print(f"| {n:,} ({row['left']:,}) | {row['who']} | {_ms(row['total'])} | {row['calls']} | "
-                  f"{loaded} | {note} |", flush=True)
+            rows.append([f"{n:,} ({row['left']:,})", row["who"], _ms(row["total"]), row["calls"], loaded,
+                         row["detail"] + ("" if row["correct"] else "; WRONG FIRST BATCH")])
+    print(table(["dataset (batches left after skip)", "loader", "time to first batch (ms)", "`__getitem__` calls",
+                 "skipped batches loaded", "notes"], "llrrrl", rows))
     print("\nTargets (ours): 0 skipped batches loaded; < 50 ms to the first batch.\n")
 
     print("## 2. Skip 1,000 batches of an iterable dataset (torch `IterableDataset`, batch 8)\n")
-    print("| loader | time to first batch (ms) | items read | notes |")
-    print("|---|---:|---:|---|")
     streams: Dict[str, List[float]] = {}
+    rows = []
     for row in bench_iterable_skip(acc, hf):
         if row["total"] is not None:
             streams[_label(row["who"])] = [row["total"] * 1e3]
-        t = "—" if row["total"] is None else _ms(row["total"])
-        c = "—" if row["calls"] is None else f"{row['calls']:,}"
-        print(f"| {row['who']} | {t} | {c} | {row['detail']} |", flush=True)
+        rows.append([row["who"], "—" if row["total"] is None else _ms(row["total"]),
+                     "—" if row["calls"] is None else f"{row['calls']:,}", row["detail"]])
+    print(table(["loader", "time to first batch (ms)", "items read", "notes"], "lrrl", rows), flush=True)
 
     print(f"\n## 3. Per-batch cost over one epoch of {args.batches:,} batches (64 x float32[256], shuffled, "
           f"num_workers=0); {args.rounds} epochs per loader, interleaved in blocks of 50 batches\n")
-    print(OVERHEAD_HEADER)
     times = bench_overhead_torch(acc, hf, args.rounds, args.batches)
-    print("\n".join(_overhead_rows(times, args.batches, "plain torch `DataLoader`")), flush=True)
+    print(_overhead_table(times, args.batches, "plain torch `DataLoader`"), flush=True)
     if not args.no_jax:
         res = bench_overhead_jax(args.rounds, args.batches)
         print(f"\nJAX backend (for information; JAX {res['jax']}, devices {res['devices']}, child process):\n")
-        print(OVERHEAD_HEADER)
-        print("\n".join(_overhead_rows(res["times"], args.batches, "plain NumPy loop + `jnp.asarray`")))
+        print(_overhead_table(res["times"], args.batches, "plain NumPy loop + `jnp.asarray`"))
     print("\nTarget: prepared-loader overhead < 3%.")
-    print(f"\nTotal runtime {time.perf_counter() - started:.0f} s; load average at end {os.getloadavg()[0]:.1f}")
+    print(f"\nTotal runtime {run.elapsed():.0f} s; load average at end {os.getloadavg()[0]:.1f}")
     if not args.no_picture:
         plot.draw(plot.image("data", "skip"), f"skip {SKIP:,} batches of a map-style dataset (batch {BATCH}): "
                   "time to the first batch", "ms (log scale)", skips, log=True)

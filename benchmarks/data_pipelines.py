@@ -2,7 +2,7 @@
 
 Run from the repository root (needs `pip install -e '.[torch,data,torchdata,bench]'`):
 
-    python benchmarks/data_pipelines.py [--rounds 5] [--position 100000] [--batches 1500] [--parts reads,resume,cost]
+    python -m benchmarks.data_pipelines [--rounds 5] [--position 100000] [--batches 1500] [--parts reads,resume,cost]
 
 Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of them):
 
@@ -16,7 +16,7 @@ Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of t
    not; and ours over a stream that is not a ``datasets`` one without workers (read whole by
    every process, as Accelerate does).
 2. Resume at position ``--position`` (time from a fresh loader to its first batch, one process,
-   ``--rounds`` rounds, min / median / max): for a torchdata ``StatefulDataLoader(shuffle=True)``
+   ``--rounds`` rounds, min / median / max; `runner.interleaved`, no warm-up): for a torchdata ``StatefulDataLoader(shuffle=True)``
    over map-style data, a ``datasets`` stream and a Grain ``DataLoader``: ours (a fresh
    Accelerator, ``prepare``, ``load_state`` of a checkpoint taken there, first batch), the
    library's own state (``load_state_dict`` / ``set_state``, first batch), and Accelerate's
@@ -24,7 +24,7 @@ Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of t
    what skipping a loader without state is).
 3. Per-batch cost of a prepared loader against the same library loader alone (one process,
    ``--batches`` batches of 32 rows, workers on where the library has them; rounds alternate
-   the order): medians of per-epoch time, ratio ours / alone (goal: within 1.03x), and peak RSS.
+   the order, no warm-up): medians of per-epoch time, ratio ours / alone (goal: within 1.03x), and peak RSS.
 """
 from __future__ import annotations
 
@@ -34,20 +34,14 @@ import multiprocessing
 import os
 import resource
 import statistics
-import sys
 import tempfile
-import time
 import types
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from mdtable import spread, table  # noqa: E402
+from benchmarks.runner import cells, interleaved, print_command, table, timed
 
 warnings.filterwarnings("ignore")
 SHARDS, PER_SHARD = 12, 2000
@@ -76,7 +70,7 @@ def reads_per_process() -> str:
 
     import unified
     from unified.data import PreparedIterableLoader, default_collate
-    from unified.streams import HuggingFaceStream
+    from unified.data.streams import HuggingFaceStream
 
     from backends.common import _reader_stream
 
@@ -148,13 +142,11 @@ def reads_per_process() -> str:
     return table(["processes", "loader", "items read by each process", "largest share of the stream"], "llrr", rows)
 
 
-def _timed(start: Callable[[], Any], rounds: int) -> List[float]:
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+def _first_batch(start: Callable[[], Any]) -> Callable[[], None]:
+    """From a fresh loader (``start()``) to its first batch."""
+    def run() -> None:
         next(iter(start()))
-        times.append(time.perf_counter() - t0)
-    return times
+    return run
 
 
 def resume_times(position: int, rounds: int, folder: str) -> str:
@@ -227,11 +219,11 @@ def resume_times(position: int, rounds: int, folder: str) -> str:
                 accelerate = AccelerateAccelerator(cpu=True)
                 return skip_first_batches(accelerate.prepare(make()), position)
             peer_name = "Accelerate skip_first_batches"
-        measured = {"ours": _timed(ours, rounds), "library state": _timed(own, rounds),
-                    peer_name: _timed(peer, max(1, rounds // 2))}
+        measured = {**interleaved({"ours": _first_batch(ours), "library state": _first_batch(own)}, rounds, warmup=0),
+                    **interleaved({peer_name: _first_batch(peer)}, max(1, rounds // 2), warmup=0)}
         reference = statistics.median(measured["library state"])
         for who, values in measured.items():
-            rows.append([name, who, *spread(values, reference, scale=1e3, digits=1)])
+            rows.append([name, who, *cells(values, "min median max ratio", reference, scale=1e3, digits=1)])
     return table(["loader", "resume by", "min (ms)", "median", "max", "median / library state"], "llrrrr", rows)
 
 
@@ -276,20 +268,22 @@ def per_batch_cost(batches: int, rounds: int) -> str:
         "datasets stream, StatefulDataLoader 2 workers": lambda: StatefulDataLoader(stream(), batch_size=rows_per, num_workers=2),
         "Grain DataLoader": grain_loader,
     }
+    def epoch(make: Callable[[], Any], prepared: bool) -> Callable[[], float]:
+        """Seconds per batch of one epoch of a fresh loader (made and prepared untimed)."""
+        def run() -> float:
+            loader = make()
+            if prepared:
+                loader = unified.Accelerator(backend="torch", seed=0).prepare(loader)
+            count = []
+            return timed(lambda: count.append(sum(1 for _ in loader))) / count[0]
+        return run
+
     out = []
     for name, make in cases.items():
-        times: Dict[str, List[float]] = {"alone": [], "prepared": []}
-        for r in range(rounds):
-            for who in (("alone", "prepared") if r % 2 == 0 else ("prepared", "alone")):
-                loader = make()
-                if who == "prepared":
-                    loader = unified.Accelerator(backend="torch", seed=0).prepare(loader)
-                t0 = time.perf_counter()
-                n = sum(1 for _ in loader)
-                times[who].append((time.perf_counter() - t0) / n)
+        times = interleaved({"alone": epoch(make, False), "prepared": epoch(make, True)}, rounds, warmup=0)
         reference = statistics.median(times["alone"])
         for who, values in times.items():
-            out.append([name, who, *spread(values, reference, scale=1e6, digits=1)])
+            out.append([name, who, *cells(values, "min median max ratio", reference, scale=1e6, digits=1)])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return (table(["loader", "", "min (us/batch)", "median", "max", "median / alone"], "llrrrr", out)
             + f"\n\npeak RSS of the benchmark process: {peak:.0f} MB")
@@ -302,6 +296,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1500)
     parser.add_argument("--parts", default="reads,resume,cost", help="which tables, comma-separated")
     args = parser.parse_args()
+    print_command()
     parts = set(args.parts.split(","))
     if "reads" in parts:
         print("## Items read per process\n")

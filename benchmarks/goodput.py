@@ -1,11 +1,11 @@
 """Goodput under faults (issue 26): the same 2-process training job with a worker SIGKILLed every
 ``--every`` seconds, run by ``unified launch --max-restarts`` (a unified script) and by
 ``torchrun --max-restarts`` (an Accelerate 1.15 script that resumes from its newest checkpoint),
-side by side, rounds alternating the order.
+side by side, rounds alternating the order (`runner.interleaved`).
 
 Run from the repository root (needs `pip install -e '.[torch,peers]'`):
 
-    python benchmarks/goodput.py [--rounds 3] [--steps 300] [--every 4]
+    python -m benchmarks.goodput [--rounds 3] [--steps 300] [--every 4]
 
 The job (benchmarks/goodput_job.py): ``--steps`` steps of a small torch update plus 30 ms of
 "compute", a checkpoint every 10 steps, the same for both. Each round runs every runner once
@@ -36,12 +36,9 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from mdtable import table  # noqa: E402
+from benchmarks.runner import ROOT, cells, interleaved, log, print_command, table
 
 JOB = ROOT / "benchmarks" / "goodput_job.py"
 HANG_S = 180.0  # a run (fault-free: ~15 s) still going after this is stopped and counted as hung
@@ -158,45 +155,43 @@ def restarts(result: Dict[str, Any]) -> List[Dict[str, float]]:
     return out
 
 
-def spread(values: List[float], digits: int = 2) -> List[str]:
-    return [f"{min(values):.{digits}f}", f"{statistics.median(values):.{digits}f}", f"{max(values):.{digits}f}"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=float, default=4.0, help="seconds of stepping before each kill")
     args = parser.parse_args()
-    measured: Dict[str, Dict[str, List[Any]]] = {r: {"goodput": [], "kills": [], "restarts": [], "fresh": [],
+    print_command()
+    measured: Dict[str, Dict[str, List[Any]]] = {r: {"goodput": [], "kills": [], "restarts": [], "fresh": [], "rounds": [],
                                                      "clean wall": [], "wall": [], "hung": []} for r in RUNNERS}
-    for round_ in range(args.rounds):
-        order = list(RUNNERS) if round_ % 2 == 0 else list(reversed(RUNNERS))
-        for runner in order:
-            with tempfile.TemporaryDirectory() as clean_dir, tempfile.TemporaryDirectory() as faulty_dir:
-                clean = run_job(runner, args.steps, None, clean_dir)
-                faulty = run_job(runner, args.steps, args.every, faulty_dir)
-            m = measured[runner]
-            if clean.get("hung") or faulty.get("hung"):
-                m["hung"].append(f"round {round_ + 1}, {'fault-free' if clean.get('hung') else 'faulty'} run, "
-                                 f"after {len(faulty['kills'])} kill(s)")
-                print(f"round {round_ + 1}, {runner}: HUNG ({m['hung'][-1]}; stopped after {HANG_S:g} s)",
-                      file=sys.stderr, flush=True)
-                continue
-            m["goodput"].append(args.steps * step_time(clean) / faulty["wall"])
-            m["kills"].append(len(faulty["kills"]))
-            m["restarts"] += restarts(faulty)
-            m["fresh"].append(first_step(clean))
-            m["clean wall"].append(clean["wall"])
-            m["wall"].append(faulty["wall"])
-            print(f"round {round_ + 1}, {runner}: goodput {m['goodput'][-1]:.3f}, {m['kills'][-1]} kills, "
-                  f"wall {faulty['wall']:.1f}s (fault-free {clean['wall']:.1f}s)", file=sys.stderr, flush=True)
+    def both_runs(runner: str) -> None:
+        """A fault-free run of ``runner``, then one with faults; what each round adds to ``measured``."""
+        with tempfile.TemporaryDirectory() as clean_dir, tempfile.TemporaryDirectory() as faulty_dir:
+            clean = run_job(runner, args.steps, None, clean_dir)
+            faulty = run_job(runner, args.steps, args.every, faulty_dir)
+        m, round_ = measured[runner], len(measured[runner]["rounds"]) + 1
+        m["rounds"].append(round_)
+        if clean.get("hung") or faulty.get("hung"):
+            m["hung"].append(f"round {round_}, {'fault-free' if clean.get('hung') else 'faulty'} run, "
+                             f"after {len(faulty['kills'])} kill(s)")
+            log(f"round {round_}, {runner}: HUNG ({m['hung'][-1]}; stopped after {HANG_S:g} s)")
+            return
+        m["goodput"].append(args.steps * step_time(clean) / faulty["wall"])
+        m["kills"].append(len(faulty["kills"]))
+        m["restarts"] += restarts(faulty)
+        m["fresh"].append(first_step(clean))
+        m["clean wall"].append(clean["wall"])
+        m["wall"].append(faulty["wall"])
+        log(f"round {round_}, {runner}: goodput {m['goodput'][-1]:.3f}, {m['kills'][-1]} kills, "
+            f"wall {faulty['wall']:.1f}s (fault-free {clean['wall']:.1f}s)")
+
+    interleaved({runner: (lambda runner=runner: both_runs(runner)) for runner in RUNNERS}, args.rounds, warmup=0)
 
     print(f"## Goodput, {args.steps} steps, a worker killed after every {args.every:g} s of stepping "
           f"({args.rounds} rounds)\n")
     rows = []
     for runner, m in measured.items():
-        done = [*spread(m["goodput"], 3), " / ".join(map(str, m["kills"])), f"{statistics.median(m['wall']):.1f}",
+        done = [*cells(m["goodput"], digits=3), " / ".join(map(str, m["kills"])), f"{statistics.median(m['wall']):.1f}",
                 f"{statistics.median(m['clean wall']):.1f}"] if m["goodput"] else ["-"] * 6
         rows.append([runner, *done, f"{len(m['hung'])} of {args.rounds}"])
     print(table(["runner", "goodput min", "median", "max", "kills per round", "faulty wall (s, median)",
@@ -211,10 +206,10 @@ def main() -> None:
         for phase in phases:
             values = [r[phase] for r in m["restarts"]]
             if values:
-                rows.append([runner, phase, *spread(values)])
+                rows.append([runner, phase, *cells(values, digits=2)])
         loads = [r["load"] for r in m["restarts"]] or [0.0]
         reference = [f + statistics.median(loads) for f in m["fresh"]]
-        rows.append([runner, "reference: a fresh start (launch -> first step) plus a load", *spread(reference)])
+        rows.append([runner, "reference: a fresh start (launch -> first step) plus a load", *cells(reference, digits=2)])
     print(table(["runner", "phase", "min", "median", "max"], "llrrr", rows))
 
 

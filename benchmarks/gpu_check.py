@@ -2,20 +2,20 @@
 
 Run from the repository root on a machine with a GPU:
 
-    python benchmarks/gpu_check.py [--gb 2] [--repeats 3] [--dir DIR] [--parts torch,jax]
+    python -m benchmarks.gpu_check [--gb 2] [--repeats 3] [--dir DIR] [--parts torch,jax]
                                    [--doc docs/benchmarks/gpu.md]
 
 What it needs: the Python packages already installed (torch with CUDA; jax with its CUDA plugin,
 flax, optax, orbax-checkpoint; safetensors, xxhash; accelerate for the torch peer row), possibly
-newer than the tested versions; this repository on ``PYTHONPATH`` (or the working directory);
-no network. Sized to finish in under 8 minutes on one GPU with the defaults.
+newer than the tested versions; run from this repository's root; no network. Sized to finish in
+under 8 minutes on one GPU with the defaults.
 
 1. ``tests/gpu`` (pytest, at most 240 s): device selection, the CUDA generator in checkpoints,
    the fp16 scaler and bf16 autocast on CUDA, async saves of device memory, GPU <-> CPU
    checkpoints on both backends. Its summary line is printed.
 2. For each framework with a GPU, in a fresh process of its own (``--part torch|jax``): a model
-   holding ``--gb`` GB of float32 parameters on the device, then, in rotated order for
-   ``--repeats`` rounds:
+   holding ``--gb`` GB of float32 parameters on the device, then, after a warm-up round, in
+   rotated order for ``--repeats`` rounds (`checkpointing.path_rounds`):
 
    * the limit: the same bytes copied device -> host (pinned memory on torch) and written to one
      file per array, then fsynced; read back into host memory and put on the device;
@@ -24,10 +24,10 @@ no network. Sized to finish in under 8 minutes on one GPU with the defaults.
    * the peer: Accelerate's ``save_state`` / ``load_state`` (torch) or Orbax's
      ``StandardCheckpointer`` save + restore onto the device (JAX).
 
-   Each load is checked (a parameter changed after the save must come back). Peak device
-   memory beyond the state, and peak host RSS, of one more untimed load (JAX: device memory
-   sampled every 0.5 ms), beside the same load with every array read into host memory first
-   (the way before issue 29).
+   Each load is checked (a parameter changed after the save must come back; the change and the
+   check are outside the timing). Peak device memory beyond the state, and peak host RSS, of
+   one more untimed load (JAX: device memory sampled every 0.5 ms), beside the same load with
+   every array read into host memory first (the way before issue 29).
 
 The table is printed last (``--doc PATH`` also writes it as markdown). Without a CUDA device it
 prints one line saying so and exits 0. ``--allow-cpu`` runs part 2 on CPU (tiny sizes), to
@@ -36,7 +36,6 @@ check this script where no GPU is.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -44,19 +43,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-
-from mdtable import spread, table  # noqa: E402
-from memory import PeakMemory  # noqa: E402
-from unified.environment import IN_PLACE_VARIABLE  # noqa: E402
+from benchmarks.checkpointing import (async_save, contender, jax_probe, nnx_stack, orbax_contenders, path_rounds,
+                                      read_into, torch_probe, write_files)
+from benchmarks.runner import (ROOT, PartFailed, PeakMemory, cells, command, emit, environment, module, print_command,
+                               run_part, table)
+from unified.environment import IN_PLACE_VARIABLE
 
 TEST_TIMEOUT_S = 240
 PART_TIMEOUT_S = 300
+NAMES = ("save", "load")
 
 
 def _devices() -> Dict[str, int]:
@@ -73,51 +71,20 @@ def _devices() -> Dict[str, int]:
     return found
 
 
-def _fsync_write(path: str, chunks: List[Any]) -> None:
-    with open(path, "wb") as handle:
-        for chunk in chunks:
-            handle.write(memoryview(chunk).cast("B"))
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _rounds(contenders: Dict[str, Callable[[str], Dict[str, float]]], base: str, repeats: int) -> Dict[str, Dict[str, List[float]]]:
-    """One untimed warm-up each, then ``repeats`` rounds in rotated order; each contender's
-    folder is removed and the page cache written back between contenders."""
-    names = list(contenders)
-    times: Dict[str, Dict[str, List[float]]] = {name: {} for name in names}
-    for round_index in range(repeats + 1):
-        order = names[round_index % len(names):] + names[:round_index % len(names)]
-        for name in order:
-            folder = os.path.join(base, name)
-            measured = contenders[name](folder)
-            shutil.rmtree(folder, ignore_errors=True)
-            os.sync()
-            if round_index:
-                for key, value in measured.items():
-                    times[name].setdefault(key, []).append(value)
-    return times
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    started = time.perf_counter()
-    fn()
-    return time.perf_counter() - started
-
-
-def _ours_round(accelerator: Any, folder: str, sync: Callable[[], None], checked_load: Callable[[], None]) -> Dict[str, float]:
-    """Our synchronous save, the checked load, then an async save: how long its call blocks the
+def _ours(accelerator: Any, probe: Any, sync: Callable[[], Any]) -> Callable[..., Dict[str, float]]:
+    """Our synchronous save and the checked load, then an async save: how long its call blocks the
     training, and how long until `wait_for_checkpoint()` returned."""
-    out = {"save": _timed(lambda: (accelerator.save_state(folder), sync()))}
-    out["load"] = _timed(checked_load)
-    shutil.rmtree(folder)
-    sync()
-    started = time.perf_counter()
-    accelerator.save_state(folder, async_save=True)
-    out["async_blocked"] = time.perf_counter() - started
-    accelerator.wait_for_checkpoint()
-    out["async_total"] = time.perf_counter() - started
-    return out
+    trip = contender(lambda f: (accelerator.save_state(f), sync()), lambda f: (accelerator.load_state(f), sync()),
+                     probe, names=NAMES)
+
+    def run(folder: str) -> Dict[str, float]:
+        out = trip(folder)
+        shutil.rmtree(folder)
+        sync()
+        blocked, wait = async_save(accelerator, folder)
+        return {**out, "async_blocked": blocked, "async_total": blocked + wait}
+
+    return run
 
 
 # -- torch ---------------------------------------------------------------------------------------
@@ -141,68 +108,47 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
 
     ours = Accelerator(backend="torch")
     model = ours.prepare(build())
-    first = next(model.parameters())
+    probe = torch_probe(model)
+    def tensors() -> List[Any]:  # the live parameters (a load may have replaced small ones)
+        return [p.detach() for p in model.parameters()]
 
-    def mutate_and_check(load: Callable[[], Any], target: torch.Tensor) -> None:
-        saved = target[0, :4].clone()
-        with torch.no_grad():
-            target.add_(1.0)
-        load()
+    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in tensors()]
+
+    def raw_save(folder: str) -> None:
+        for host, tensor in zip(pinned, tensors()):
+            host.copy_(tensor, non_blocking=cuda)
         sync()
-        if not torch.equal(target[0, :4], saved):
-            raise AssertionError("a load did not bring the saved parameter back")
+        write_files(folder, {f"{i}.bin": [host.numpy()] for i, host in enumerate(pinned)})
 
-    def ours_round(folder: str) -> Dict[str, float]:
-        return _ours_round(ours, folder, sync, lambda: mutate_and_check(lambda: ours.load_state(folder), first))
+    def raw_load(folder: str) -> None:
+        for i, (host, tensor) in enumerate(zip(pinned, tensors())):
+            with open(os.path.join(folder, f"{i}.bin"), "rb") as handle:
+                read_into(handle, host.numpy())
+            tensor.copy_(host, non_blocking=cuda)
+        sync()
 
-    tensors = [p.detach() for p in model.parameters()]
-    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in tensors]
-
-    def raw_round(folder: str) -> Dict[str, float]:
-        os.makedirs(folder)
-
-        def save() -> None:
-            for host, tensor in zip(pinned, tensors):
-                host.copy_(tensor, non_blocking=cuda)
-            sync()
-            for i, host in enumerate(pinned):
-                _fsync_write(os.path.join(folder, f"{i}.bin"), [host.numpy()])
-
-        def load() -> None:
-            for i, (host, tensor) in enumerate(zip(pinned, tensors)):
-                with open(os.path.join(folder, f"{i}.bin"), "rb") as handle:
-                    handle.readinto(memoryview(host.numpy()).cast("B"))
-                tensor.copy_(host, non_blocking=cuda)
-            sync()
-
-        return {"save": _timed(save), "load": _timed(lambda: mutate_and_check(load, tensors[0]))}
-
-    contenders = {"raw copy + write + fsync": raw_round, "unified": ours_round}
+    contenders = {"raw copy + write + fsync": contender(raw_save, raw_load, probe, names=NAMES),
+                  "unified": _ours(ours, probe, sync)}
     peer_note = None
     try:
         import accelerate
 
         peer = accelerate.Accelerator(cpu=not cuda)
         peer_model = peer.prepare(build())
-        peer_first = next(peer_model.parameters())
-
-        def peer_round(folder: str) -> Dict[str, float]:
-            out = {"save": _timed(lambda: (peer.save_state(folder), sync()))}
-            out["load"] = _timed(lambda: mutate_and_check(lambda: peer.load_state(folder), peer_first))
-            return out
-
-        contenders[f"accelerate {accelerate.__version__}"] = peer_round
+        contenders[f"accelerate {accelerate.__version__}"] = contender(
+            lambda f: (peer.save_state(f), sync()), lambda f: (peer.load_state(f), sync()), torch_probe(peer_model),
+            names=NAMES)
     except ImportError:
         peer_note = "accelerate is not installed: no peer row"
-    times = _rounds(contenders, args.dir, args.repeats)
+    times = path_rounds(contenders, args.dir, args.repeats)["samples"]
 
     def reset_peak() -> Callable[[], int]:
         torch.cuda.reset_peak_memory_stats(device)
         return lambda: torch.cuda.max_memory_allocated(device)
 
-    memory = _load_memory(ours, os.path.join(args.dir, "memory"), lambda folder: mutate_and_check(lambda: ours.load_state(folder), first),
+    memory = _load_memory(ours, os.path.join(args.dir, "memory"), probe, sync,
                           lambda: DevicePeak((lambda: torch.cuda.memory_allocated(device)) if cuda else None, reset_peak))
-    state_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    state_bytes = sum(t.numel() * t.element_size() for t in tensors())
     ours.end_training()
     return {"part": "torch", "device": torch.cuda.get_device_name(0) if cuda else "cpu", "state_gb": state_bytes / 1e9,
             "versions": {"torch": torch.__version__}, "times": times, "memory": memory, "note": peer_note}
@@ -215,94 +161,60 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     import orbax.checkpoint as ocp
     from flax import nnx
 
-    from checkpoint import nnx_stack
     from unified import Accelerator
 
     hidden = args.hidden
     layers = max(1, int(args.gb * 1e9 / (4 * hidden * hidden)))
-
-    def block(tree: Any) -> Any:
-        return jax.block_until_ready(tree)
-
     ours = Accelerator(backend="jax")
     model = ours.prepare(nnx_stack(hidden, layers))
+    probe = jax_probe(model)
 
-    def kernel() -> Any:
-        return model.layers[0].kernel
+    def sync() -> None:
+        jax.block_until_ready(nnx.state(model))
 
-    def mutate_and_check(load: Callable[[], Any]) -> None:
-        saved = np.asarray(kernel().value[0, :4])
-        kernel().value = kernel().value + 1.0
-        load()
-        block(nnx.state(model))
-        if not np.array_equal(np.asarray(kernel().value[0, :4]), saved):
-            raise AssertionError("a load did not bring the saved parameter back")
+    def leaves() -> List[Any]:
+        return jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))
 
-    def ours_round(folder: str) -> Dict[str, float]:
-        return _ours_round(ours, folder, lambda: None, lambda: mutate_and_check(lambda: ours.load_state(folder)))
+    def raw_load(folder: str) -> None:
+        live, treedef = jax.tree_util.tree_flatten(nnx.state(model, nnx.Param))
+        restored = []
+        for i, leaf in enumerate(live):
+            host = np.empty(leaf.shape, leaf.dtype)
+            with open(os.path.join(folder, f"{i}.bin"), "rb") as handle:
+                read_into(handle, host)
+            restored.append(jax.device_put(host, leaf.sharding))
+        nnx.update(model, jax.tree_util.tree_unflatten(treedef, restored))
+        sync()
 
-    def raw_round(folder: str) -> Dict[str, float]:
-        os.makedirs(folder)
-        leaves, treedef = jax.tree_util.tree_flatten(nnx.state(model, nnx.Param))
-
-        def save() -> None:
-            for i, leaf in enumerate(leaves):
-                _fsync_write(os.path.join(folder, f"{i}.bin"), [np.asarray(leaf)])
-
-        def load() -> None:
-            restored = []
-            for i, leaf in enumerate(leaves):
-                host = np.empty(leaf.shape, leaf.dtype)
-                with open(os.path.join(folder, f"{i}.bin"), "rb") as handle:
-                    handle.readinto(memoryview(host).cast("B"))
-                restored.append(jax.device_put(host, leaf.sharding))
-            nnx.update(model, jax.tree_util.tree_unflatten(treedef, restored))
-
-        return {"save": _timed(save), "load": _timed(lambda: mutate_and_check(load))}
-
-    checkpointer = ocp.StandardCheckpointer()
-
-    def orbax_round(folder: str) -> Dict[str, float]:
-        state = nnx.state(model, nnx.Param)
-
-        def save() -> None:
-            checkpointer.save(os.path.abspath(folder), state)
-            checkpointer.wait_until_finished()
-
-        def load() -> None:
-            target = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
-            nnx.update(model, checkpointer.restore(os.path.abspath(folder), target))
-
-        return {"save": _timed(save), "load": _timed(lambda: mutate_and_check(load))}
-
-    contenders = {"raw copy + write + fsync": raw_round, "unified": ours_round,
-                  f"orbax {ocp.__version__ if hasattr(ocp, '__version__') else ''}".strip(): orbax_round}
-    times = _rounds(contenders, args.dir, args.repeats)
+    orbax, close = orbax_contenders({"model": model}, probe, names=NAMES)
+    contenders = {"raw copy + write + fsync": contender(
+        lambda f: write_files(f, {f"{i}.bin": [np.asarray(leaf)] for i, leaf in enumerate(leaves())}), raw_load, probe,
+        names=NAMES), "unified": _ours(ours, probe, sync), f"orbax {getattr(ocp, '__version__', '')}".strip(): orbax["orbax"]}
+    times = path_rounds(contenders, args.dir, args.repeats)["samples"]
+    close()
     stats = jax.devices()[0].memory_stats  # XLA's peak_bytes_in_use cannot be reset: sampled
-    memory = _load_memory(ours, os.path.join(args.dir, "memory"), lambda folder: mutate_and_check(lambda: ours.load_state(folder)),
+    memory = _load_memory(ours, os.path.join(args.dir, "memory"), probe, sync,
                           lambda: DevicePeak((lambda: stats()["bytes_in_use"]) if stats() else None))
-    state_bytes = sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+    state_bytes = sum(leaf.nbytes for leaf in leaves())
     ours.end_training()
     return {"part": "jax", "device": str(jax.devices()[0].device_kind), "state_gb": state_bytes / 1e9,
             "versions": {"jax": jax.__version__}, "times": times, "memory": memory, "note": None}
 
 
-def _load_memory(accelerator: Any, folder: str, checked_load: Callable[[str], None],
+def _load_memory(accelerator: Any, folder: str, probe: Any, sync: Callable[[], Any],
                  device_peak: Callable[[], "DevicePeak"]) -> Dict[str, Dict[str, Optional[float]]]:
     """Peak device memory beyond the state and peak host RSS added, in MB, of one untimed load
     of ``accelerator``'s state from ``folder``, beside the same load with every array read into
     fresh memory first (the way before issue 29)."""
     memory: Dict[str, Dict[str, Optional[float]]] = {}
     accelerator.save_state(folder)
-    fresh = {IN_PLACE_VARIABLE: str(1 << 60)}
-    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)", fresh)):
-        os.environ.update(extra)
-        try:
-            with device_peak() as device, PeakMemory(trim=True, anonymous=False) as host:
-                checked_load(folder)
-        finally:
-            for key in extra:
-                os.environ.pop(key, None)
+    for name, extra in (("unified", {}), ("unified, every array into fresh memory (before issue 29)",
+                                          {IN_PLACE_VARIABLE: str(1 << 60)})):
+        probe.mutate()
+        with environment(**extra), device_peak() as device, PeakMemory(trim=True, anonymous=False) as host:
+            accelerator.load_state(folder)
+            sync()
+        probe.check()
         memory[name] = {"device_mb": None if device.beyond is None else device.beyond / 1e6,
                         "host_mb": (host.peak - host.before) / 1e6}
     shutil.rmtree(folder, ignore_errors=True)
@@ -357,12 +269,10 @@ def report(results: List[Dict[str, Any]], tests: str) -> str:
                      f"({', '.join(f'{k} {v}' for k, v in res['versions'].items())}); seconds, over "
                      f"{len(raw['save'])} rounds; ratio: median / the limit's median")
         lines.append("")
-        rows = []
-        for name, measured in times.items():
-            for what in ("save", "async_blocked", "async_total", "load"):
-                if what in measured:
-                    reference = raw["load" if what == "load" else "save"]
-                    rows.append([name, what.replace("_", " "), *spread(measured[what], statistics.median(reference))])
+        rows = [[name, what.replace("_", " "), *cells(measured[what], "min median max ratio",
+                                                      statistics.median(raw["load" if what == "load" else "save"]))]
+                for name, measured in times.items() for what in ("save", "async_blocked", "async_total", "load")
+                if what in measured]
         lines.append(table(["contender", "call", "min (s)", "median", "max", "median / limit"], "llrrrr", rows))
         lines.append("")
         lines.append(table(["contender", "peak device memory beyond the state (MB)", "peak host RSS added (MB)"], "lrr",
@@ -399,7 +309,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.part:
         os.makedirs(args.dir, exist_ok=True)
-        print(json.dumps((torch_part if args.part == "torch" else jax_part)(args)))
+        emit((torch_part if args.part == "torch" else jax_part)(args))
         return 0
     devices = _devices()
     wanted = [p for p in args.parts.split(",") if p]
@@ -408,28 +318,25 @@ def main() -> int:
         print(f"gpu_check: no CUDA device (torch sees {devices['torch']}, JAX sees {devices['jax']} GPUs): "
               "skipped; run it on a GPU machine (docs/gpu.md)")
         return 0
+    print_command()
     print(f"gpu_check: GPUs seen by torch {devices['torch']}, by JAX {devices['jax']}", flush=True)
     tests = "not run (--skip-tests)" if args.skip_tests else _run_tests()
     base = args.dir or tempfile.mkdtemp(prefix="unified-gpu-check-")
     results = []
     for part in runnable:
-        cmd = [sys.executable, __file__, "--part", part, "--gb", str(args.gb), "--hidden", str(args.hidden),
-               "--repeats", str(args.repeats), "--dir", os.path.join(base, part)]
-        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=PART_TIMEOUT_S, env=env)
-            if done.returncode:
-                results.append({"part": part, "error": (done.stderr or done.stdout)[-1500:]})
-            else:
-                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            results.append(run_part(module("gpu_check", "--part", part, "--gb", str(args.gb), "--hidden", str(args.hidden),
+                                           "--repeats", str(args.repeats), "--dir", os.path.join(base, part)),
+                                    {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, PART_TIMEOUT_S, quiet=True))
+        except PartFailed as failure:
+            results.append({"part": part, "error": str(failure)[-1500:]})
         except subprocess.TimeoutExpired:
             results.append({"part": part, "error": f"did not finish within {PART_TIMEOUT_S} s"})
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)
     text = report(results, tests)
     if args.doc:
-        command = " ".join(["python", "benchmarks/gpu_check.py", *sys.argv[1:]])
-        Path(args.doc).write_text(f"# The GPU check\n\nProduced by `{command}`.\n\n{text}\n")
+        Path(args.doc).write_text(f"# The GPU check\n\nProduced by `{command()}`.\n\n{text}\n")
     print(text)
     failed = "failed" in tests or "did not finish" in tests or any("error" in r for r in results)
     return 1 if failed else 0

@@ -3,14 +3,14 @@ written with the raw framework, and against Accelerate (torch), in one run.
 
 Run from the repository root:
 
-    python benchmarks/loop.py [--rounds 7] [--windows 6] [--steps 4] [--backends torch,jax] [--no-picture]
+    python -m benchmarks.loop [--rounds 7] [--windows 6] [--steps 4] [--backends torch,jax] [--no-picture]
 
 For each backend the script launches itself on 2 processes
 (``python -m unified launch -n 2 --backend B benchmarks/loop.py --worker ...``). Every contender
 trains its own copy of the same MLP on the same pre-generated batches; a round times
 ``--windows`` accumulation windows of ``--steps`` micro-batches per contender, the contenders'
 order rotating every round (so drift in machine load hits all alike) after one untimed warm-up
-round. Process 0 prints one JSON line; the parent prints a table of min / median / max seconds
+round (`runner.interleaved`: Python's garbage collected and a barrier before every timing). Process 0 prints one JSON line; the parent prints a table of min / median / max seconds
 per micro-step and each median's ratio to the raw loop, and draws them (every round) in
 docs/benchmarks/img/loop.png (``--no-picture``: not).
 
@@ -30,19 +30,16 @@ Contenders:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
-import time
-from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launched import launch_each, report  # noqa: E402  (benchmarks/ is not a package)
-import plot  # noqa: E402
-from mdtable import spread, table as markdown_table  # noqa: E402
+from benchmarks import plot
+from benchmarks.runner import cells, emit, interleaved, main_launched, table as markdown_table
 
 FEATURES, HIDDEN, BATCH = 256, 512, 64  # BATCH rows per process and micro-batch
 
@@ -55,20 +52,18 @@ def _batches(rank: int, count: int) -> List[tuple]:
 
 def _time_rounds(contenders: Dict[str, Callable[[int], None]], rounds: int, micro_steps: int,
                  barrier: Callable[[], None]) -> Dict[str, dict]:
-    """Seconds per micro-step of each contender, rounds interleaved with a rotating order."""
-    names = list(contenders)
-    for name in names:  # warm-up: compilation, allocator, DDP buckets
-        contenders[name](micro_steps)
-    samples: Dict[str, List[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+    """Seconds per micro-step of each contender (`runner.interleaved`: one warm-up round for the
+    compilation, allocator and DDP buckets, then rounds in rotated order), every process starting
+    together and the timing ending when the last one is done."""
+    def window(run: Callable[[int], None]) -> Callable[[], None]:
+        def timed_window() -> None:
+            run(micro_steps)
             barrier()
-            start = time.perf_counter()
-            contenders[name](micro_steps)
-            barrier()
-            samples[name].append((time.perf_counter() - start) / micro_steps)
-    return {name: {"min_s": min(v), "median_s": statistics.median(v), "max_s": max(v), "n": len(v), "samples": v}
-            for name, v in samples.items()}
+        return timed_window
+
+    samples = interleaved({name: window(run) for name, run in contenders.items()}, rounds, sync=barrier)
+    return {name: {"median_s": statistics.median(v), "samples": v}
+            for name, v in ((name, [s / micro_steps for s in values]) for name, values in samples.items())}
 
 
 # -- torch ---------------------------------------------------------------------------------------
@@ -97,8 +92,7 @@ def _torch_contenders(steps: int, micro_steps: int) -> tuple:
         for i in range(n):
             x, y = data[i % len(data)]
             boundary = (i + 1) % steps == 0
-            context = raw_model.no_sync() if not boundary else _null()
-            with context:
+            with raw_model.no_sync() if not boundary else contextlib.nullcontext():
                 with torch.autocast("cpu", dtype=torch.bfloat16):
                     out = raw_model(x)
                 loss = (out.float() - y).pow(2).mean() / steps
@@ -107,47 +101,29 @@ def _torch_contenders(steps: int, micro_steps: int) -> tuple:
                 raw_opt.step()
                 raw_opt.zero_grad()
 
-    model = mlp()
-    u_model, u_opt = ours.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    def accumulating(accelerator: Any) -> Callable[[int], None]:
+        """Accelerate's idiom, on ours or on Accelerate's ``Accelerator`` (the same script)."""
+        model = mlp()
+        model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
 
-    def unified(n: int) -> None:
-        for i in range(n):
-            x, y = data[i % len(data)]
-            with ours.accumulate(u_model):
-                loss = (u_model(x) - y).pow(2).mean()
-                ours.backward(loss)
-                u_opt.step()
-                u_opt.zero_grad()
+        def run(n: int) -> None:
+            for i in range(n):
+                x, y = data[i % len(data)]
+                with accelerator.accumulate(model):
+                    accelerator.backward((model(x) - y).pow(2).mean())
+                    optimizer.step()
+                    optimizer.zero_grad()
+        return run
 
-    contenders = {"raw": raw, "unified": unified}
+    contenders = {"raw": raw, "unified": accumulating(ours)}
     try:
         import accelerate
     except ImportError:
         accelerate = None
     if accelerate is not None:
-        theirs = accelerate.Accelerator(mixed_precision="bf16", gradient_accumulation_steps=steps, cpu=True)
-        model = mlp()
-        a_model, a_opt = theirs.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-
-        def accelerate_loop(n: int) -> None:
-            for i in range(n):
-                x, y = data[i % len(data)]
-                with theirs.accumulate(a_model):
-                    loss = (a_model(x) - y).pow(2).mean()
-                    theirs.backward(loss)
-                    a_opt.step()
-                    a_opt.zero_grad()
-
-        contenders["accelerate"] = accelerate_loop
+        contenders["accelerate"] = accumulating(
+            accelerate.Accelerator(mixed_precision="bf16", gradient_accumulation_steps=steps, cpu=True))
     return ours, contenders, (lambda: dist.barrier())
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 # -- jax -------------------------------------------------------------------------------------------
@@ -213,8 +189,8 @@ def worker(args: argparse.Namespace) -> None:
     accelerator, contenders, barrier = build(args.steps, micro_steps)
     stats = _time_rounds(contenders, args.rounds, micro_steps, barrier)
     if accelerator.is_main_process:
-        report({"backend": backend, "num_processes": accelerator.num_processes, "steps": args.steps,
-                "micro_steps": micro_steps, "rounds": args.rounds, "stats": stats})
+        emit({"backend": backend, "num_processes": accelerator.num_processes, "steps": args.steps,
+              "micro_steps": micro_steps, "rounds": args.rounds, "stats": stats})
     accelerator.end_training()
 
 
@@ -224,40 +200,25 @@ def table(results: List[dict]) -> str:
     for result in results:
         raw = result["stats"]["raw"]["median_s"]
         for name, s in result["stats"].items():
-            rows.append([result["backend"], name, *spread(s["samples"], raw, scale=1e3, digits=2)])
+            rows.append([result["backend"], name, *cells(s["samples"], "min median max ratio", raw, scale=1e3, digits=2)])
     return markdown_table(["backend", "loop", "min (ms/micro-step)", "median", "max", "median / raw"], "llrrrr", rows)
 
 
-def picture(results: List[dict]) -> None:
-    """docs/benchmarks/img/loop.png: each backend's loops, ms per micro-step of every round."""
-    samples = {f"{r['backend']} ({r['num_processes']} processes, N={r['steps']})":
-               {name: [x * 1e3 for x in s["samples"]] for name, s in r["stats"].items()} for r in results}
-    plot.draw(plot.image("loop"), "bf16 + gradient accumulation loop, per micro-step", "ms / micro-step", samples)
+def show(results: List[dict], picture: bool) -> None:
+    """The table; docs/benchmarks/img/loop.png: each backend's loops, ms per micro-step of every round."""
+    print(table(results))
+    if picture:
+        samples = {f"{r['backend']} ({r['num_processes']} processes, N={r['steps']})":
+                   {name: [x * 1e3 for x in s["samples"]] for name, s in r["stats"].items()} for r in results}
+        plot.draw(plot.image("loop"), "bf16 + gradient accumulation loop, per micro-step", "ms / micro-step", samples)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per contender (default 7)")
-    parser.add_argument("--windows", type=int, default=6, help="accumulation windows per round (default 6)")
-    parser.add_argument("--steps", type=int, default=4, help="gradient_accumulation_steps (default 4)")
-    parser.add_argument("--backends", default="torch,jax", help="comma-separated (default torch,jax)")
-    parser.add_argument("--group-timeout", type=float, default=900.0, help="seconds per backend run")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    plot.add_option(parser)
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    results = launch_each(__file__, args.backends, ["--rounds", str(args.rounds), "--windows", str(args.windows),
-                                                    "--steps", str(args.steps)], args.group_timeout,
-                          lambda r: f"{r['num_processes']} processes, {r['rounds']} rounds of {r['micro_steps']} "
-                                    f"micro-steps (N={r['steps']})")
-    if results is None:
-        return 1
-    print(table(results))
-    if not args.no_picture:
-        picture(results)
-    return 0
+    return main_launched(__doc__, argv, __file__, worker, {"rounds": (7, "timed rounds per contender"),
+                                                           "windows": (6, "accumulation windows per round"),
+                                                           "steps": (4, "gradient_accumulation_steps")}, 900.0,
+                         lambda r: f"{r['num_processes']} processes, {r['rounds']} rounds of {r['micro_steps']} "
+                                   f"micro-steps (N={r['steps']})", show)
 
 
 if __name__ == "__main__":

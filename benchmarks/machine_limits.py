@@ -12,7 +12,7 @@ docs/benchmarks/checkpoint.md compares a resume with (its section "how far the r
 Usage (from the repository root; the files go to a fresh temporary folder unless ``--dir``
 names a checkpoint folder whose ``*.safetensors`` files are read instead)::
 
-    python benchmarks/machine_limits.py --size-gb 1.5 --rounds 5
+    python -m benchmarks.machine_limits --size-gb 1.5 --rounds 5
 """
 from __future__ import annotations
 
@@ -22,14 +22,13 @@ import mmap
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from typing import List
+from typing import Callable, List
 
 import numpy as np
 import xxhash
+
+from benchmarks.runner import cells, clocked, emit, module, print_command, repeated, run_part
 
 CHUNK = 4 << 20
 
@@ -61,10 +60,7 @@ def _copy(files: List[str], threads: int, into_warm: bool, warm: List[np.ndarray
             n = min(CHUNK, sizes[i] - at)
             os.preadv(fds[i], [memoryview(warm[i])[at:at + n] if into_warm else rings[k][:n]], at)
 
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(work, range(threads)))
-    took = time.perf_counter() - start
+    took = clocked(_on_threads, work, threads)[1]
     for fd in fds:
         os.close(fd)
     return took
@@ -78,15 +74,18 @@ def _fresh_touch(threads: int) -> float:
     def touch(k: int) -> None:
         memory[k * size // threads:(k + 1) * size // threads][::4096] = 1
 
-    start = time.perf_counter()
+    return clocked(_on_threads, touch, threads)[1]
+
+
+def _on_threads(work: Callable[[int], None], threads: int) -> None:
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(touch, range(threads)))
-    return time.perf_counter() - start
+        list(pool.map(work, range(threads)))
 
 
 def _row(what: str, samples: List[float], nbytes: int = 0) -> str:
+    low, median, high = cells(samples)
     rate = f" ({nbytes / statistics.median(samples) / 1e9:.1f} GB/s)" if nbytes else ""
-    return f"| {what} | {min(samples):.3f} | {statistics.median(samples):.3f}{rate} | {max(samples):.3f} |"
+    return f"| {what} | {low} | {median}{rate} | {high} |"
 
 
 def main() -> None:
@@ -97,8 +96,9 @@ def main() -> None:
     parser.add_argument("--fresh-touch", type=int, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.fresh_touch:
-        print(_fresh_touch(args.fresh_touch))
+        emit(_fresh_touch(args.fresh_touch))
         return
+    print_command()
     files = _files(args)
     try:
         total = sum(os.path.getsize(f) for f in files)
@@ -108,28 +108,21 @@ def main() -> None:
                 "", "| what | min (s) | median (s) | max (s) |", "|---|---:|---:|---:|"]
         for into_warm in (False, True):
             for threads in (1, 2, 3, 4):
-                samples = [_copy(files, threads, into_warm, warm) for _ in range(args.rounds)]
+                samples = repeated(lambda: _copy(files, threads, into_warm, warm), args.rounds)
                 where = "warm memory of the files' size" if into_warm else "a small reused buffer"
                 rows.append(_row(f"preadv out of the page cache into {where}, {threads} thread(s)", samples, total))
         for threads in (1, 2):
-            samples = [float(subprocess.run([sys.executable, __file__, "--fresh-touch", str(threads)], check=True,
-                                            capture_output=True, text=True).stdout) for _ in range(args.rounds)]
+            samples = repeated(lambda: run_part(module("machine_limits", "--fresh-touch", str(threads))), args.rounds)
             rows.append(_row(f"first touch of 1 GiB of fresh memory, {threads} thread(s), fresh process", samples))
         hot = np.random.default_rng(1).integers(0, 255, CHUNK, dtype=np.uint8)
         cold = max(warm, key=lambda array: array.nbytes)
-        samples = []
-        for _ in range(args.rounds):
-            start = time.perf_counter()
+        def hash_hot() -> None:
             for _ in range(64):
                 xxhash.xxh3_64(memoryview(hot)).digest()
-            samples.append(time.perf_counter() - start)
-        rows.append(_row("xxh3 of 4 MiB in the CPU cache, 64 times", samples, 64 * CHUNK))
-        samples = []
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            xxhash.xxh3_64(memoryview(cold)).digest()
-            samples.append(time.perf_counter() - start)
-        rows.append(_row("xxh3 of the largest file's bytes in memory", samples, cold.nbytes))
+
+        rows.append(_row("xxh3 of 4 MiB in the CPU cache, 64 times", repeated(hash_hot, args.rounds), 64 * CHUNK))
+        rows.append(_row("xxh3 of the largest file's bytes in memory",
+                         repeated(lambda: [xxhash.xxh3_64(memoryview(cold)).digest()].clear(), args.rounds), cold.nbytes))
         print("\n".join(rows))
     finally:
         if not args.dir:

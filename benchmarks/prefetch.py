@@ -3,10 +3,10 @@ pre-placed arrays (issue 15; goal: prefetched within 3% of pre-placed).
 
 Run from the repository root (one process, JAX on CPU):
 
-    python benchmarks/prefetch.py [--rounds 9] [--batches 200] [--batch 256] [--dim 512] [--no-picture]
+    python -m benchmarks.prefetch [--rounds 9] [--batches 200] [--batch 256] [--dim 512] [--no-picture]
 
-Each round times one pass of ``--batches`` steps for every variant, in an order rotated per
-round: (1) the step over global ``jax.Array`` batches placed before the timing (the limit: no
+After a warm-up pass of each (compilation), each round times one pass of ``--batches`` steps for
+every variant, in an order rotated per round (`runner.interleaved`): (1) the step over global ``jax.Array`` batches placed before the timing (the limit: no
 loading in the loop at all), (2) the step fed by ``accelerator.prepare(unified.DataLoader(...,
 prefetch=0))`` (collate + ``make_array_from_process_local_data`` on the step's critical path),
 (3) the same with ``prefetch=2`` (placed in a background thread), and, for information, (4) the
@@ -20,18 +20,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Dict, Iterable, List
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import plot  # noqa: E402  (benchmarks/ is not a package)
-from mdtable import spread, table  # noqa: E402
+from benchmarks import plot
+from benchmarks.runner import cells, clocked, interleaved, print_command, table
 
 
 class Vectors:
@@ -64,87 +58,103 @@ def mlp(dim: int) -> Any:
     return MLP(nnx.Rngs(0))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--batches", type=int, default=200)
+def jitted_step() -> Callable[..., Any]:
+    """``step(model, optimizer, batch)``: one jitted SGD step on a ``{"x", "y"}`` batch; the loss."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @nnx.jit
+    def step(model, optimizer, batch):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(batch["x"]) - batch["y"]) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    return step
+
+
+def steps_over(step: Callable[..., Any], model: Any, optimizer: Any, batches: Iterable[Any]) -> Callable[[], None]:
+    """A pass of ``step`` over ``batches`` (each step waited for)."""
+    def run() -> None:
+        for batch in batches:
+            step(model, optimizer, batch).block_until_ready()
+    return run
+
+
+def host_time(step: Callable[..., Any], model: Any, optimizer: Any, batches: Iterable[Any]) -> Callable[[], float]:
+    """Seconds the step's call held the caller (Python + enqueue) before it returned, summed over
+    a pass: the step's own host work, which competes with a producer thread's for the GIL."""
+    def run() -> float:
+        held = 0.0
+        for batch in batches:
+            loss, seconds = clocked(step, model, optimizer, batch)
+            held += seconds
+            loss.block_until_ready()
+        return held
+    return run
+
+
+def per_step(times: Dict[str, List[float]], steps: int, reference: str, columns: str, ratio: str,
+             picture: Any = None) -> str:
+    """The table of pass times (``times``: variant -> seconds per pass) in ms per step, each median
+    against ``reference``'s (``columns`` of `runner.cells`); ``picture``: ``(part, title, group)``
+    of the picture drawn from them."""
+    scale = 1e3 / steps
+    header = {"min": "min", "median": "median", "max": "max", "spread": "spread (max/min)", "ratio": ratio}
+    text = table(["variant", *(header[c] for c in columns.split())], "l" + "r" * len(columns.split()),
+                 [[name, *cells(values, columns, statistics.median(times[reference]), scale=scale, spread_digits=2)]
+                  for name, values in times.items()])
+    if picture:
+        part, title, group = picture
+        plot.draw(plot.image(part), title, "ms per step", {group: {n: [t * scale for t in v] for n, v in times.items()}})
+    return text
+
+
+def step_parser(doc: str, rounds: int, batches: int) -> argparse.ArgumentParser:
+    """The options of the benchmarks of a jitted step (this one and gil_contention.py)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--batches", type=int, default=batches)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--dim", type=int, default=512)
     plot.add_option(parser)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = step_parser(__doc__, 9, 200).parse_args()
+    print_command()
 
     import jax
-    import jax.numpy as jnp
     import optax
     from flax import nnx
 
     import unified
 
     acc = unified.Accelerator(backend="jax", seed=0)
-
     model = mlp(args.dim)
     model, optimizer = acc.prepare(model, nnx.Optimizer(model, optax.sgd(1e-4), wrt=nnx.Param))
-
-    @nnx.jit
-    def step(model, optimizer, batch):
-        def loss_fn(m):
-            return jnp.mean((m(batch["x"]) - batch["y"]) ** 2)
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        optimizer.update(model, grads)
-        return loss
-
+    step = jitted_step()
     dataset = Vectors(args.batch * args.batches, args.dim)
     loaders = {p: acc.prepare(unified.DataLoader(dataset, batch_size=args.batch, prefetch=p)) for p in (0, 2)}
     placed = [b for b in loaders[0]]  # one epoch placed ahead of every timing
     jax.block_until_ready(placed)
 
-    def run_placed():
-        for batch in placed:
-            step(model, optimizer, batch).block_until_ready()
-
-    def run_loader(prefetch):
-        def run():
-            for batch in loaders[prefetch]:
-                step(model, optimizer, batch).block_until_ready()
-        return run
-
-    def loader_only():
+    def loader_only() -> None:
         for batch in loaders[0]:
             jax.block_until_ready(batch)
 
-    def dispatch_only() -> float:
-        """Seconds the step's call held the caller (Python + enqueue) before it returned, summed
-        over the pass: the step's own host work, which competes with a producer thread's."""
-        held = 0.0
-        for batch in placed:
-            t0 = time.perf_counter()
-            loss = step(model, optimizer, batch)
-            held += time.perf_counter() - t0
-            loss.block_until_ready()
-        return held
-
-    variants = {"step on pre-placed arrays (limit)": run_placed, "prepared loader, prefetch=0": run_loader(0),
-                "prepared loader, prefetch=2": run_loader(2), "[info] loader alone, prefetch=0": loader_only,
-                "[info] the step's call until it returns (host work per step)": dispatch_only}
-    for run in variants.values():  # warm-up (compilation)
-        run()
-    times = {name: [] for name in variants}
-    names = list(variants)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            held = variants[name]()  # a float: the variant timed only part of its pass
-            times[name].append(held if held is not None else time.perf_counter() - t0)
-    limit = statistics.median(times[names[0]])
+    times = interleaved({"step on pre-placed arrays (limit)": steps_over(step, model, optimizer, placed),
+                         "prepared loader, prefetch=0": steps_over(step, model, optimizer, loaders[0]),
+                         "prepared loader, prefetch=2": steps_over(step, model, optimizer, loaders[2]),
+                         "[info] loader alone, prefetch=0": loader_only,
+                         "[info] the step's call until it returns (host work per step)":
+                             host_time(step, model, optimizer, placed)}, args.rounds)
     print(f"jax {jax.__version__}, {args.batches} steps of batch {args.batch} x {args.dim}, {args.rounds} rounds "
           f"(ms per step)")
-    per_step = 1e3 / args.batches  # seconds per pass -> ms per step
-    print(table(["variant", "min", "median", "max", "spread (max/min)", "median / limit"], "lrrrrr",
-                [[name, *spread(times[name], limit, scale=per_step, spread_digits=2)] for name in names]))
-    if not args.no_picture:
-        plot.draw(plot.image("prefetch"), f"a jitted step fed by a prepared loader, {args.batches} steps of batch "
-                  f"{args.batch} x {args.dim}", "ms per step",
-                  {f"jax {jax.__version__}": {name: [t * per_step for t in times[name]] for name in names}})
+    print(per_step(times, args.batches, "step on pre-placed arrays (limit)", "min median max spread ratio",
+                   "median / limit", None if args.no_picture else (
+                       "prefetch", f"a jitted step fed by a prepared loader, {args.batches} steps of batch "
+                       f"{args.batch} x {args.dim}", f"jax {jax.__version__}")))
     acc.end_training()
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py (issue 27) stays runnable where no GPU is: without a device it says so
+"""`python -m benchmarks.gpu_check` (issue 27) stays runnable where no GPU is: without a device it says so
 in one line and exits 0; with ``--allow-cpu`` its timing parts run end to end on CPU and print the
 table (every load in them is checked)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+COMMAND = [sys.executable, "-m", "benchmarks.gpu_check"]
 
 
 def _cuda() -> bool:
@@ -23,7 +23,7 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(_cuda(), reason="a CUDA device is here: the check would run for real")
 def test_without_a_device_it_skips_in_one_line_and_exits_0():
-    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+    done = subprocess.run(COMMAND, capture_output=True, text=True, timeout=300, cwd=str(ROOT))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith("gpu_check: no CUDA device"), done.stdout
 
@@ -31,7 +31,7 @@ def test_without_a_device_it_skips_in_one_line_and_exits_0():
 def test_its_timing_parts_run_on_cpu(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("jax")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--allow-cpu", "--skip-tests", "--gb", "0.005", "--hidden", "128",
+    done = subprocess.run([*COMMAND, "--allow-cpu", "--skip-tests", "--gb", "0.005", "--hidden", "128",
                            "--repeats", "1", "--doc", str(tmp_path / "gpu.md")],
                           capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -3,8 +3,8 @@
 Machine 0 is ``10.231.0.1``; the others reach it only over a veth pair and a bridge (unified/testing/netns.py),
 never over loopback, so the rendezvous address, the addresses gloo binds, and the faults of a real
 network (a pulled cable, a frozen process) are all exercised. Skipped, with the reason, where
-network namespaces cannot be made (no root / CAP_NET_ADMIN). The fault benchmark
-(`benchmarks/faults.py --rows 7,8,9`) repeats the fault cases with random victims and moments.
+network namespaces cannot be made (no root / CAP_NET_ADMIN). The fault trials
+(`python -m tests.faults --rows 7,8,9`) repeat the fault cases with random victims and moments.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_three_machines_barrier_collectives_and_a_shared_checkpoint(netns, backe
 # the main process, which commits checkpoints, is the one cut off.
 # Each fault on each backend is 6 launches of 2 machines; CI runs the save fault (the one that
 # must never leave a partial checkpoint) on every backend and the others on one backend each
-# (alternating); `python benchmarks/faults.py --rows 9,10,11` runs all of them on both.
+# (alternating); `python -m tests.faults --rows 9,10,11` runs all of them on both.
 FAULTS = [(b, fault, victim) for i, b in enumerate(BACKENDS)
           for fault, victim, k in (("cut-barrier", 1, 0), ("cut-save", 0, None), ("freeze", 1, 1))
           if k is None or i % 2 == k or len(BACKENDS) == 1]

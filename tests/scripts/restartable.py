@@ -11,7 +11,7 @@ runs it logs into: ``TRACKERS {json}``); ``crash-at-start`` (every attempt exits
 exits as preempted, 75, through ``exit_if_preempted``); ``kill:STEP:RANK:WHEN`` (process RANK
 SIGKILLs itself at STEP on the first attempt, WHEN ``before-step`` or ``after-save``, printing
 ``KILLED {time}`` first; every attempt after the first prints ``RESUMED {time}`` before its first
-step: benchmarks/faults.py row 14); ``lose:STEP:RANK`` (on the first attempt, process RANK
+step: tests/faults row 14); ``lose:STEP:RANK`` (on the first attempt, process RANK
 writes ``PROJECT_DIR/lost-ready`` after the save of STEP and waits there to be taken away with
 its machine: tests/test_multihost_netns.py).
 """

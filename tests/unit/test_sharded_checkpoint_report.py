@@ -1,17 +1,12 @@
 """The report of benchmarks/sharded_checkpoint.py from a made-up result of its process groups: a
 round's time is its slowest process's, the goal column compares ours with the raw contenders only,
 and every table renders (the report runs only after a long benchmark: a slip there loses the run)."""
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sharded_checkpoint.py"
+from benchmarks import runner
+from benchmarks import sharded_checkpoint
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("sharded_checkpoint_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # stdlib imports only: the frameworks load in the workers
-    return module
+    return sharded_checkpoint  # the frameworks load in the workers
 
 
 def _call(seconds, before=1.0e9, peak=1.5e9):
@@ -32,7 +27,7 @@ def test_rounds_take_the_slowest_process_and_the_goal_is_against_raw_contenders_
     bench = _script()
     processes = [_process([1.0, 3.0], [1.0, 1.0]), _process([2.0, 2.5], [0.5, 2.0])]
     assert bench.per_round(processes, lambda p: p["samples"]["ours"]["save"]) == [2.0, 3.0]
-    assert bench.stats([2.0, 3.0]) == {"min": 2.0, "median": 2.5, "max": 3.0, "spread": 1.5}
+    assert runner.stats([2.0, 3.0]) == {"min": 2.0, "median": 2.5, "max": 3.0, "spread": 1.5}
     assert bench.verdict("torch", "dcp", 1.1) == "<= 1.1x: yes"
     assert bench.verdict("torch", "dcp_safetensors", 1.2) == "<= 1.1x: NO"
     assert bench.verdict("jax", "orbax", 0.9).endswith("yes")
@@ -44,7 +39,7 @@ def test_rounds_take_the_slowest_process_and_the_goal_is_against_raw_contenders_
     text = bench.report(results)
     # ours: rounds 2.0 and 3.0 (median 2.5); dcp: rounds 1.0 and 2.0 (median 1.5): 1.67x, goal missed
     assert "| torch | save_state | dcp | 2 | 1.000 | 1.500 | 2.000 | 2.00x | 1.67x | <= 1.1x: NO |" in text
-    assert "| torch | save_state | ours | 2 | 2.000 | 2.500 | 3.000 | 1.50x | 1.00x |  |" in text
+    assert "| torch | save_state | ours | 2 | 2.000 | 2.500 | 3.000 | 1.50x | 1.00x | |" in text
     # memory: growth 0.5 GB against a 0.5 GB shard; the reshard row against 2 -> 2
     assert "| torch | ours | 0 | 0.500 | 1.000 | 1.000 | 1.500 | 0.500 | 1.00 |" in text
     assert "| torch | 2 -> 3 (ours) | 2 | 2.000 | 2.200 | 2.400 | 1.20x | 2.00x |" in text

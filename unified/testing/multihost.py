@@ -1,7 +1,7 @@
 """Groups of `unified launch`, one per simulated machine (`unified.testing.netns.Machines`), and the
 judgement of a network fault or of a machine lost for good under `--num-machines MIN:MAX`
 (`run_machine_loss`): shared by `tests/test_multihost_netns.py` and the network rows of
-`benchmarks/faults.py`.
+`python -m tests.faults`.
 
 Each machine runs ``unified launch --num-machines K --machine-rank r --main-process-ip <machine 0>
 -n 1 unified/testing/worker.py <module:scenario>`` inside its namespace; the scenarios are in

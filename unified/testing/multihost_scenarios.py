@@ -1,5 +1,5 @@
 """Scenarios of the multi-host tests (`tests/test_multihost_netns.py`) and of the network rows of
-the fault benchmark (`benchmarks/faults.py`): one `unified launch` per network namespace runs
+the fault benchmark (`python -m tests.faults`): one `unified launch` per network namespace runs
 `worker.py` with UNIFIED_TEST_SCENARIOS="multihost_scenarios,scenarios".
 
 The fault scenarios write ``ready-<process index>`` (pid and time) into the shared folder once

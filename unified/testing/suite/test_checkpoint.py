@@ -139,7 +139,7 @@ def test_an_async_save_that_a_process_cannot_write_fails_everywhere_at_once(resu
 
 def test_crash_during_save_never_leaves_a_loadable_partial_checkpoint(backend, tmp_path):
     rng = random.Random(1234)
-    for trial in range(2):  # random kill moments; `python benchmarks/faults.py` runs 20 trials per backend
+    for trial in range(2):  # random kill moments; `python -m tests.faults` runs 20 trials per backend
         shared = tmp_path / f"trial{trial}"
         shared.mkdir()
         crashed = run_group(backend, 2, [start, ckpt_save_loop], shared,

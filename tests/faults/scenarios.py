@@ -1,8 +1,9 @@
-"""Scenario functions of the fault benchmark (`benchmarks/faults.py`), run by the conformance suite's
-worker (`unified.testing.worker`; the benchmark puts this folder on the workers' PYTHONPATH).
+"""Scenario functions of the fault trials (`tests/faults/trials.py`), run by the conformance suite's
+worker (`unified.testing.worker`, which imports them as ``tests.faults.scenarios``: the trials put
+the repository's root on the workers' PYTHONPATH).
 
 Same shape as `unified.testing.scenarios`: each takes the per-process ``state`` dict and
-returns JSON-serialisable observations; the parent (`faults.py`) judges them. Each trial's
+returns JSON-serialisable observations; the parent (`trials.py`) judges them. Each trial's
 random choices are made by the parent and passed in ``FAULT_*`` environment variables, so a
 trial is reproducible from the parent's ``--seed``. Expected failures are caught and reported
 here (type, message, time); anything else reaches the worker as an unexpected error.

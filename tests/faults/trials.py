@@ -1,9 +1,10 @@
-"""Fault benchmark: repeated fault trials in real process groups, on every installed backend.
+"""The fault trials: repeated faults in real process groups, on every installed backend, with
+their pass counts (docs/benchmarks/faults.md).
 
 Run from the repository root:
 
-    python benchmarks/faults.py            # 20 trials for rows 1-2 and 7-16, 100 damage cases
-    python benchmarks/faults.py --short    # CI mode: 2 trials per row, 10 damage cases
+    python -m tests.faults            # 20 trials for rows 1-2 and 7-16, 100 damage cases
+    python -m tests.faults --short    # CI mode: 2 trials per row, 10 damage cases
     options: --backends torch,jax --trials N --damage-cases N --timeout S --train-size N
              --seed N --rows 1,2,... --keep --no-picture
 
@@ -11,10 +12,10 @@ Prints one table (fault | backend | trials | passes | worst time to error | note
 failing trials in detail, and exits 1 if any row is below 100%. Draws the share of passing
 trials per row and backend in docs/benchmarks/img/faults.png and, when rows 7-8 ran, the time
 from the preemption signal to the committed checkpoint in faults-preemption.png
-(``--no-picture``: neither).
+(``--no-picture``: neither; the pictures are drawn by `benchmarks.plot`).
 
 Every group is started by the conformance harness (`unified.testing.harness.run_group`),
-whose worker runs scenario functions of `benchmarks/fault_scenarios.py` (and of
+whose worker runs scenario functions of `tests/faults/scenarios.py` (and of
 `unified/testing/scenarios.py`), named by reference (`module:function`). The rows:
 
 1. A process SIGKILLs itself at a random step of a training loop (`training.make(acc)`, a
@@ -116,16 +117,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tests.faults import scenarios as fs
+from unified.preemption import PREEMPTED_EXIT_CODE
+from unified.testing import harness
+from unified.testing.scenarios import ckpt_load_newest
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import fault_scenarios as fs  # noqa: E402  (benchmarks/ is not a package)
-import plot  # noqa: E402
-from unified.testing import harness  # noqa: E402
-from unified.testing.scenarios import ckpt_load_newest  # noqa: E402
-from unified.preemption import PREEMPTED_EXIT_CODE  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 VERBOSE = False
 
@@ -137,7 +134,7 @@ def run_group(backend, size, scenarios, shared, **kwargs):
         print(f"    {backend} x{size} {'+'.join(s.__name__ for s in scenarios)}: {group.elapsed:.1f} s, exit codes {group.returncodes}",
               flush=True)
     return group
-WORKER_PATH = os.pathsep.join(str(p) for p in (ROOT, ROOT / "benchmarks"))  # the workers import fault_scenarios
+WORKER_PATH = str(ROOT)  # the workers import tests.faults.scenarios
 TRAIN_STEPS = 30
 WATCHDOG_EXIT = "unified: the process group broke"  # unified/watchdog.py's message
 MANIFEST = "manifest.json"
@@ -649,7 +646,7 @@ def judge_enospc(group: harness.GroupResult, rows: Dict[str, Row], cases: List[s
 
 
 # -- 7, 8. preemption: a signal becomes one checkpoint at the same step --------------------------------------
-PREEMPTION_RUN = ROOT / "tests" / "conformance" / "preemption_run.py"
+PREEMPTION_RUN = ROOT / "unified" / "testing" / "preemption_run.py"
 PREEMPTION_GRACE = 60.0
 
 
@@ -884,7 +881,7 @@ def row_machine_lost(backend: str, trials: int, rng: random.Random, work: Path) 
 # -- driver ------------------------------------------------------------------------------------------------------------
 # -- 12. an object store out of reach on one process ------------------------------------------------------
 def row_store_unreachable(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
-    """All trials in one group of 2 (`fault_scenarios.fault_store_unreachable`): a random victim
+    """All trials in one group of 2 (`scenarios.fault_store_unreachable`): a random victim
     and a random kind of failure (dropped connections, 500, 503 SlowDown) per trial."""
     from unified.testing.object_store import missing_store_packages, s3_server
     from unified.testing.storage_scenarios import STORE_VARIABLE
@@ -1049,6 +1046,8 @@ def table(rows: List[Row]) -> str:
 def picture(rows: List[Row]) -> None:
     """faults.png: the share of passing trials per row and backend (the counts over the bars);
     faults-preemption.png: signal -> committed checkpoint of every trial of rows 7-8."""
+    from benchmarks import plot
+
     ran = sorted((r for r in rows if r.trials and not r.skipped), key=lambda r: int(r.fault.split()[0]))  # stable
     passed = {r.fault: {} for r in ran}
     counts = {r.fault: {} for r in ran}
@@ -1070,7 +1069,7 @@ START = time.monotonic()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="CI mode: 2 trials per row, 10 damage cases")
     parser.add_argument("--backends", default=",".join(b for b in ("torch", "jax") if importlib.util.find_spec(b)))
     parser.add_argument("--trials", type=int, default=None, help="trials of rows 1, 2 and 7-11 (20; --short: 2)")
@@ -1086,7 +1085,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="rows to run (default: all; --short: 1-6: unified/testing/suite/test_preemption.py covers 7-8 and tests/test_multihost_netns.py 9-11 in CI)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--verbose", action="store_true", help="print every group's wall time")
-    plot.add_option(parser)
+    parser.add_argument("--no-picture", action="store_true",
+                        help="do not draw the pictures (by default docs/benchmarks/img/faults*.png; needs matplotlib)")
     args = parser.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
@@ -1130,7 +1130,3 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failing else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
