@@ -14,7 +14,7 @@ import json
 import os
 import re
 import stat
-from typing import Any, Dict, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 import numpy as np
 import xxhash
@@ -66,8 +66,105 @@ _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
 
+# Checksumming a manifest re-serialises it: json's C encoder (CPython 3.11) gathers up to 100k
+# pieces of text (~4 MB) before it joins them, then holds all of its output and json.dumps
+# joins and encodes that again. A document of up to _SMALL_DOCUMENT pieces (~1.5 MB of dense
+# JSON, where those 4 MB would be several times its size) is therefore encoded in parts of
+# _DIGEST_PIECES pieces; a larger one by the C encoder whole (its 4 MB then a small part of the
+# document), its pieces hashed one by one, never joined.
+_SMALL_DOCUMENT = 600_000
+_DIGEST_PIECES = 8192
+_DIGEST_SLICE = 64 << 10
+_CONTAINERS = (dict, list, tuple)
+
+
 def _digest(body: Dict[str, Any]) -> str:
-    return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    """The xxh3 of ``json.dumps(body, sort_keys=True, separators=(",", ":")).encode()``, hashed
+    as the text is made (see _SMALL_DOCUMENT): checking a manifest's checksum never holds a
+    copy of the manifest, nor several times a small one's size in the encoder's pieces."""
+    digest = xxhash.xxh3_64()
+    pending: list = []
+    held = 0
+
+    def emit(text: str) -> None:
+        nonlocal held
+        pending.append(text)
+        held += len(text)
+        if held >= _DIGEST_SLICE:
+            digest.update("".join(pending).encode("ascii"))  # ASCII: json.dumps escapes the rest
+            pending.clear()
+            held = 0
+
+    encoder = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+    if _pieces(body, _SMALL_DOCUMENT) is not None:
+        _encode_in_parts(body, emit, encoder.encode)
+    else:  # the C encoder's pieces (CPython 3.12 on gives one), hashed a slice at a time
+        for piece in encoder.iterencode(body, _one_shot=True):
+            for start in range(0, len(piece), _DIGEST_SLICE):
+                emit(piece[start:start + _DIGEST_SLICE])
+    digest.update("".join(pending).encode("ascii"))
+    return digest.hexdigest()
+
+
+def _pieces(value: Any, most: int) -> Optional[int]:
+    """How many pieces json's encoder makes of ``value`` (an upper bound), or None when more
+    than ``most``. Containers of plain values are counted at C speed, without visiting them."""
+    if type(value) not in _CONTAINERS:
+        return 1
+    items = value.values() if type(value) is dict else value
+    count = 4 * len(value) + 2  # per item a key, a value and two separators; the brackets
+    if count > most:
+        return None
+    if set(map(type, items)).isdisjoint(_CONTAINERS):
+        return count
+    for item in items:
+        if type(item) in _CONTAINERS:
+            inner = _pieces(item, most - count)
+            if inner is None:
+                return None
+            count += inner
+    return count
+
+
+def _encode_in_parts(value: Any, emit: Callable[[str], None], dumps: Callable[[Any], str]) -> None:
+    """``emit`` the text of ``dumps(value)`` in order, in parts of at most `_DIGEST_PIECES`
+    pieces: a larger list or mapping is encoded a run of its items at a time, the items too
+    large themselves part by part. (A mapping with keys other than strings goes whole: json
+    converts such keys, and sorts them before it does; a manifest read back has none.)"""
+    if type(value) not in _CONTAINERS or _pieces(value, _DIGEST_PIECES) is not None:
+        emit(dumps(value))
+        return
+    mapping = type(value) is dict
+    if mapping and set(map(type, value)) != {str}:
+        emit(dumps(value))
+        return
+    keys = sorted(value) if mapping else range(len(value))
+    run: list = []
+    load, first = 0, True
+
+    def flush() -> None:
+        nonlocal run, load, first
+        if run:
+            text = dumps(dict(run) if mapping else [item for _, item in run])
+            emit(("" if first else ",") + text[1:-1])
+            run, load, first = [], 0, False
+
+    emit("{" if mapping else "[")
+    for key in keys:
+        item = value[key]
+        count = _pieces(item, _DIGEST_PIECES)
+        if count is None:
+            flush()
+            emit(("" if first else ",") + (dumps(key) + ":" if mapping else ""))
+            _encode_in_parts(item, emit, dumps)
+            first = False
+            continue
+        if load + count > _DIGEST_PIECES:
+            flush()
+        run.append((key, item))
+        load += count + 2
+    flush()
+    emit("}" if mapping else "]")
 
 
 def manifest_bytes(body: Dict[str, Any]) -> bytes:

@@ -201,8 +201,9 @@ def read_stream_into(handle: Any, path: str, size: int,
     return {"size": size, "xxh3": digest.hexdigest()}
 
 
-def _stream_header(handle: Any, path: str, size: int, digest: Any) -> Tuple[int, bytes]:
-    """The header's length and bytes, read from the start of a stream of ``size`` bytes and hashed."""
+def _stream_header(handle: Any, path: str, size: int, digest: Any) -> Tuple[int, str]:
+    """The header's length and text (`_header_text`), read from the start of a stream of ``size``
+    bytes and hashed."""
     def exact(count: int) -> bytes:
         data = handle.read(count)
         if len(data) != count:
@@ -212,7 +213,7 @@ def _stream_header(handle: Any, path: str, size: int, digest: Any) -> Tuple[int,
         return data
 
     length = _header_length(exact(min(8, size)), size - 8, path)
-    return length, exact(length)
+    return length, _header_text(exact(length), path)
 
 
 def _stream_into(handle: Any, spans: Sequence[Tuple[int, Any]], digest: Any, path: str, size: int,
@@ -258,18 +259,22 @@ def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
               ) -> Tuple[int, Dict[str, Tuple[str, Tuple[int, ...], int, int]], Dict[str, str]]:
     """A safetensors file's data start, ``{name: (safetensors dtype, shape, start, end)}`` (offsets
     within the data section) and ``__metadata__``, from its header alone (checked as `read`
-    checks it); ``read_at(offset, count)`` returns the file's bytes there.
+    checks it, parsed once, within 10 times its size in memory); ``read_at(offset, count)``
+    returns the file's bytes there.
 
     Example:
         >>> with open("model.safetensors", "rb") as f:
         ...     header_of(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
         (80, {'w': ('F32', (3,), 0, 12)}, {})
     """
-    start, header, entries = _header_at(read_at, path, size)
-    metadata = json.loads(header).get("__metadata__") or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise _not_safetensors(path, "__metadata__ is not a mapping of strings")
+    metadata: Dict[str, str] = {}  # the header is parsed once, by the bounded parser (`_header_entries`)
+    start, entries = _header_at(read_at, path, size, _span, metadata)
     return start, entries, metadata
+
+
+def _span(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Tuple[str, Tuple[int, ...], int, int]:
+    """An entry as `header_of` gives it: ``(safetensors dtype, shape, start, end)``."""
+    return safetensors_dtype(dtype), tuple(shape), start, start + math.prod(shape) * dtype.itemsize
 
 
 # The first request for a header asks for this much: one request for the header of any file with
@@ -278,25 +283,23 @@ def header_of(read_at: Callable[[int, int], bytes], path: str, size: int
 _FIRST_HEADER_READ = 64 << 10
 
 
-def _header_at(read_at: Callable[[int, int], bytes], path: str, size: int
-               ) -> Tuple[int, bytes, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
-    """The data start, the header's bytes and ``{name: (safetensors dtype, shape, start, end)}``
-    of a safetensors file read with ``read_at`` (checked as `read` checks it)."""
+def _header_at(read_at: Callable[[int, int], bytes], path: str, size: int,
+               make: Callable[[str, np.dtype, Tuple[int, ...], int], Any],
+               metadata: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, Any]]:
+    """The data start and ``{name: make(name, dtype, shape, start)}`` of a safetensors file read
+    with ``read_at`` (checked as `read` checks it); ``metadata`` gets its ``__metadata__``."""
     asked = min(_FIRST_HEADER_READ, size)
     first = read_at(0, asked)
     length = _header_length(first[:8], size - 8, path)
     header = first[8:8 + length]
-    if len(header) < length and len(first) == asked:  # a header longer than the first read
-        header += read_at(len(first), 8 + length - len(first))
+    del first
+    if len(header) < length and len(header) == asked - 8:  # a header longer than the first read
+        header += read_at(asked, 8 + length - asked)
     if len(header) != length:
         raise CheckpointError(f"{path}: ended inside its header; nothing was restored." + see("file-ended"))
-    entries: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {}
-
-    def note(key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> None:
-        entries[key] = (safetensors_dtype(dtype), tuple(shape), start, start + math.prod(shape) * dtype.itemsize)
-
-    _lay_out(header, size - 8 - length, path, note)
-    return 8 + length, header, entries
+    text = _header_text(header, path)
+    del header  # from here on only the text: the entries are built while one copy of the header is held
+    return 8 + length, _lay_out(text, size - 8 - length, path, make, metadata)[0]
 
 
 def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
@@ -309,7 +312,7 @@ def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict
         ...     describe(lambda at, count: os.pread(f.fileno(), count, at), "model.safetensors", 140)
         {'w': ('F32', (3,))}
     """
-    return {key: (dtype, shape) for key, (dtype, shape, _, _) in _header_at(read_at, path, size)[2].items()}
+    return _header_at(read_at, path, size, lambda key, dtype, shape, start: (safetensors_dtype(dtype), tuple(shape)))[1]
 
 
 def header_of_file(path: str, name: Optional[str] = None) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
@@ -359,9 +362,10 @@ class Placing:
         self._handed: Dict[int, Callable[[np.ndarray], None]] = {}  # id(staging view or own array) -> hand_off
         self.stages = False  # some array goes through the staging buffer: one array after another
 
-    def lay_out(self, header: bytes, data_size: int, path: str) -> Tuple[Dict[str, Any], List[Tuple[int, Any]]]:
-        """The arrays of a file's entries (a `_Staged` for those made only when read: see
-        `memory_for`) and the same in file order with their offsets."""
+    def lay_out(self, header: str, data_size: int, path: str) -> Tuple[Dict[str, Any], List[Tuple[int, Any]]]:
+        """The arrays of a file's entries (``header``: its text, as `_header_text` gives it; a
+        `_Staged` for those made only when read: see `memory_for`) and the same in file order
+        with their offsets."""
         arrays, starts = _lay_out(header, data_size, path, self._make)
         staged = {key: spec for key, spec in arrays.items() if isinstance(spec, _Staged) and not spec.own}
         if staged:
@@ -701,10 +705,11 @@ def _ended(fd: int, path: str, size: int) -> CheckpointError:
                            "read); nothing was restored." + see("file-ended"))
 
 
-def _read_header(fd: int, path: str, size: int, digest: Any) -> Tuple[int, bytes]:
-    """The header's length and bytes of the open safetensors file ``fd`` of ``size`` bytes, hashed."""
+def _read_header(fd: int, path: str, size: int, digest: Any) -> Tuple[int, str]:
+    """The header's length and text (`_header_text`) of the open safetensors file ``fd`` of
+    ``size`` bytes, hashed (its bytes are dropped once decoded)."""
     length = _header_length(_read_exact(fd, 0, min(8, size), path, size, digest), size - 8, path)
-    return length, _read_exact(fd, 8, length, path, size, digest)
+    return length, _header_text(_read_exact(fd, 8, length, path, size, digest), path)
 
 
 def _read_exact(fd: int, offset: int, count: int, path: str, size: int, digest: Any) -> bytes:
@@ -741,6 +746,8 @@ def private_array(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
         >>> buffer = private_array(np.dtype(np.float32), (1024, 1024))   # then jax.device_put(buffer)
     """
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:  # no byte to align or share: one array object, not two (a header may list a million)
+        return np.empty(tuple(shape), dtype)
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     _without_numpys_huge_pages(raw)
     start = -raw.ctypes.data % _ALIGN
@@ -792,17 +799,19 @@ def _in_file_order(arrays: Dict[str, np.ndarray], starts: List[int]) -> List[Tup
     return sorted(zip(starts, arrays.values()), key=lambda span: span[0])
 
 
-def _lay_out(header: bytes, data_size: int, name: str,
-             make: Callable[[str, np.dtype, Tuple[int, ...], int], np.ndarray]) -> Tuple[Dict[str, np.ndarray], List[int]]:
-    """``{key: make(key, dtype, shape, start)}`` for the entries of a header whose arrays tile the data
-    section of ``data_size`` bytes exactly, and their starts (in the header's order); anything
-    else raises `CheckpointError` naming ``name``. ``make`` is never asked for more than
-    ``data_size`` bytes in all."""
+def _lay_out(header: str, data_size: int, name: str,
+             make: Callable[[str, np.dtype, Tuple[int, ...], int], Any],
+             metadata: Optional[Dict[str, str]] = None) -> Tuple[Dict[str, Any], List[int]]:
+    """``{key: make(key, dtype, shape, start)}`` for the entries of a header (its text, as
+    `_header_text` gives it) whose arrays tile the data section of ``data_size`` bytes exactly,
+    and their starts (in the header's order); anything else raises `CheckpointError` naming
+    ``name``. ``make`` is never asked for more than ``data_size`` bytes in all. ``metadata``,
+    when given, gets the header's ``__metadata__``."""
     arrays: Dict[str, np.ndarray] = {}
     starts, ends = stdarray.array("q"), stdarray.array("q")
     total = 0
     try:
-        for key, dtype, shape, start, end in _entries(header, data_size, name):
+        for key, dtype, shape, start, end in _entries(header, data_size, name, metadata):
             if key in arrays:
                 raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
             total += end - start
@@ -992,10 +1001,13 @@ def _hash_through_ring(fd: int, size: int, digest: Any) -> int:
 # optional ``"__metadata__": {str: str}``). Before anything is built from an entry its text must
 # have exactly that shape (below), so a hostile header cannot make json build the deep or dense
 # structures that cost 20-30 times their size; each entry is then parsed alone, checked, and
-# turned into an array view, so the header is never held as Python objects in whole. Parsing a
-# header costs 6-8 times its size, hostile or not: a 63 MiB header peaks at ~420 MiB as our
-# writer makes it, ~500 MiB with 1.1M tiny arrays (tests/unit/test_checkpoint_readers.py
-# checks the ratio); json.loads of the whole header took 10-28 times.
+# turned into an array view (or `header_of`'s tuple), so the header is never held as Python
+# objects in whole, and every reader parses it once, holding only its text (`_header_text`:
+# the bytes read are dropped once decoded). Every reader stays within 10 times the header's
+# size, hostile or not (tests/unit/test_parse_memory_bounds.py measures each one): peak RSS
+# growth at 63 MiB, as our writer makes it (720k arrays) 4.7x for `header_of`, 5.9x for `read`;
+# with 1.3M tiny arrays 5.7x and 7.9x, `parse` 8.1x. json.loads of the whole header took 10-28
+# times; `header_of` parsed it twice, the second time whole (13-17x), until 2026-12.
 
 _W = r"[ \t\n\r]*"
 # Flat character classes only, whose matching needs no memory per character (a repeated group
@@ -1019,9 +1031,10 @@ def _after(text: str, at: int, token: str, name: str) -> int:
     return _SPACE.match(text, at + len(token)).end()
 
 
-def _header_entries(text: str, name: str) -> Iterator[Tuple[str, str]]:
+def _header_entries(text: str, name: str, metadata: Optional[Dict[str, str]] = None) -> Iterator[Tuple[str, str]]:
     """``(array name, entry JSON)`` for each entry of the header ``text``, in order, each
-    entry's text checked to have the only shape a header allows."""
+    entry's text checked to have the only shape a header allows; ``metadata``, when given, gets
+    the pairs of ``__metadata__`` (else nothing of it is kept)."""
     at = _after(text, 0, "{", name)
     more = not text.startswith("}", at)
     while more:
@@ -1030,8 +1043,8 @@ def _header_entries(text: str, name: str) -> Iterator[Tuple[str, str]]:
         key, at = scanstring(text, at + 1)
         at = _after(text, at, ":", name)
         if key == "__metadata__":
-            end = _metadata_end(text, at, name)
-            yield key, ""  # nothing of it is kept
+            end = _metadata_end(text, at, name, metadata)
+            yield key, ""
         else:
             match = _INFO.match(text, at)
             if match is None:
@@ -1047,20 +1060,27 @@ def _header_entries(text: str, name: str) -> Iterator[Tuple[str, str]]:
         raise _not_safetensors(name, "data after the header's closing brace")
 
 
-def _metadata_end(text: str, at: int, name: str) -> int:
+def _metadata_end(text: str, at: int, name: str, keep: Optional[Dict[str, str]] = None) -> int:
     """The end of the ``__metadata__`` mapping starting at ``at``: at most MAX_METADATA_ENTRIES
     pairs of strings (escapes allowed: torch's DCP stores JSON there), each string scanned by
-    json's C scanner and dropped, so nothing grows with the entries."""
+    json's C scanner and dropped, so nothing grows with the entries, unless ``keep`` is given:
+    then it gets the pairs (at most the header's size in strings; a key given twice keeps its
+    last value, as json.loads does)."""
     at = _after(text, at, "{", name)
     if text.startswith("}", at):
         return at + 1
     for _ in range(MAX_METADATA_ENTRIES):
+        pair = []
         for token in (":", None):
             if not text.startswith('"', at):
                 raise _not_safetensors(name, f"the __metadata__ entry at byte {at} of the header is not a string")
-            at = scanstring(text, at + 1)[1]
+            value, at = scanstring(text, at + 1)
+            if keep is not None:
+                pair.append(value)
             if token:
                 at = _after(text, at, token, name)
+        if keep is not None:
+            keep[pair[0]] = pair[1]
         at = _SPACE.match(text, at).end()
         if text.startswith("}", at):
             return at + 1
@@ -1088,6 +1108,9 @@ def _entry(key: str, entry: str, data_size: int, name: str) -> Tuple[np.dtype, L
     if len(offsets) != 2 or not all(0 <= d < 1 << 63 for d in shape) or len(shape) > MAX_RANK:
         raise _not_safetensors(name, f"array {_shown(key)} needs at most {MAX_RANK} dimensions in [0, 2**63) and "
                                      "two data offsets")
+    if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 63:  # even with a dimension of 0, as NumPy
+        raise _not_safetensors(name, f"array {_shown(key)} has dimensions whose product, times its item size, is "
+                                     "2**63 or more (NumPy cannot make it)")
     start, end = offsets
     if not 0 <= start <= end <= data_size or end - start != math.prod(shape) * dtype.itemsize:
         raise _not_safetensors(name, f"array {_shown(key)} has inconsistent offsets/shape")
@@ -1108,13 +1131,23 @@ def _header_length(prefix: bytes, most: int, name: str) -> int:
     return length
 
 
-def _entries(header: bytes, data_size: int, name: str) -> Iterator[Tuple[str, np.dtype, List[int], int, int]]:
-    """``(name, dtype, shape, start, end)`` of each array of ``header``, checked one by one (the
-    caller refuses names seen twice and checks that the arrays tile the data section)."""
-    if not header.isascii():
-        raise _not_safetensors(name, "the header is not ASCII JSON; unified writes names with \\u escapes")
+def _header_text(header: Any, name: str) -> str:
+    """The text of a header (its bytes, or a buffer of them: decoded without a copy), which must
+    be ASCII, as JSON can always be written. The readers keep only this text while they parse:
+    one copy of the header, whatever held its bytes is dropped first."""
+    try:
+        return str(header, "ascii")
+    except UnicodeDecodeError:
+        raise _not_safetensors(name, "the header is not ASCII JSON; unified writes names with \\u escapes") from None
+
+
+def _entries(header: str, data_size: int, name: str, metadata: Optional[Dict[str, str]] = None
+             ) -> Iterator[Tuple[str, np.dtype, List[int], int, int]]:
+    """``(name, dtype, shape, start, end)`` of each array of the header text ``header``, checked
+    one by one (the caller refuses names seen twice and checks that the arrays tile the data
+    section); ``metadata``, when given, gets its ``__metadata__``."""
     has_metadata = False
-    for key, entry in _header_entries(header.decode("ascii"), name):
+    for key, entry in _header_entries(header, name, metadata):
         if key == "__metadata__":
             if has_metadata:
                 raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
@@ -1129,7 +1162,8 @@ def parse(buffer: Any, name: str) -> Dict[str, np.ndarray]:
     data section raises `CheckpointError` naming ``name``."""
     length = _header_length(bytes(buffer[:8]), len(buffer) - 8, name)
     data_start, data_size = 8 + length, len(buffer) - 8 - length
-    return _lay_out(bytes(buffer[8:data_start]), data_size, name, lambda key, dtype, shape, start: np.frombuffer(
+    text = _header_text(memoryview(buffer)[8:data_start], name)  # decoded from the buffer itself: no copy
+    return _lay_out(text, data_size, name, lambda key, dtype, shape, start: np.frombuffer(
         buffer, dtype=dtype, count=math.prod(shape), offset=data_start + start).reshape(shape))[0]
 
 
