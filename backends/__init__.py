@@ -1,4 +1,4 @@
-"""Framework primitives for `unified`: one package per framework, registered in `unified/registry.py`.
+"""Framework primitives for `unified`: one package per framework, registered in `unified/backend/registry.py`.
 
 Every backend package has the same modules, one concern each (as Keras 3's backends do), and no
 backend imports another; what two backends share lives in `backends/common.py`

@@ -85,7 +85,7 @@ from benchmarks.checkpointing import (MEMORY_ANON, MEMORY_RSS, Phases, async_con
                                       torch_tensors)
 from benchmarks.runner import (GB, MB, PartFailed, PeakMemory, Run, beyond, cells, clocked, emit, interleaved, log,
                                measured, module, print_command, run_part, table, timed)
-from unified.environment import IN_PLACE_VARIABLE
+from unified.runtime.environment import IN_PLACE_VARIABLE
 
 TARGETS = {  # from the issue: (operation, minimum speed-up of ours over the baseline)
     ("torch", "save_state"): 1.5,
@@ -295,7 +295,7 @@ def _torch_before(ours: Any) -> Any:
     import torch
 
     from backends.torch.tensors import tensor_from_numpy
-    from unified.tree import flatten
+    from unified.runtime.tree import flatten
 
     backend = ours._backend
 

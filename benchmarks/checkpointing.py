@@ -505,7 +505,7 @@ def s3_server() -> Iterator[str]:
     """moto's S3 server (the one s3fs's own tests run against) in a process of its own on
     127.0.0.1, so that its work does not share the benchmark's interpreter; for the ``with`` block
     the environment (inherited by the parts) points at it. Yields the endpoint."""
-    from unified.launch import free_port
+    from unified.launcher.launch import free_port
 
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

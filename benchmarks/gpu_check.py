@@ -50,7 +50,7 @@ from benchmarks.checkpointing import (async_save, contender, jax_probe, nnx_stac
                                       read_into, torch_probe, write_files)
 from benchmarks.runner import (ROOT, PartFailed, PeakMemory, cells, command, emit, environment, module, print_command,
                                run_part, table)
-from unified.environment import IN_PLACE_VARIABLE
+from unified.runtime.environment import IN_PLACE_VARIABLE
 
 TEST_TIMEOUT_S = 240
 PART_TIMEOUT_S = 300

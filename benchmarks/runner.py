@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from unified.libc import return_free_heap
+from unified.runtime.libc import return_free_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "UNIFIED_BENCH_JSON "

@@ -51,7 +51,7 @@ from benchmarks.checkpointing import (MEMORY_RSS, async_contender, bucket, conte
                                       jax_leaves, jax_objects, jax_probe, path_rounds, raw_limit, s3_server,
                                       torch_arrays, torch_objects, torch_probe, torch_tensors)
 from benchmarks.runner import GB, PartFailed, cells, emit, environment, log, module, print_command, run_part, table
-from unified.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
+from unified.runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 
 RAW_TARGET = 1.3  # issue 29: ours within 1.3x the raw transfer
 NAMES = ("save", "load")

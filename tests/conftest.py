@@ -1,4 +1,4 @@
-from unified.registry import available_backends
+from unified.backend.registry import available_backends
 
 # Every registered backend whose framework is installed: the built-in ones, and any registered
 # through the `unified.backends` entry-point group. (The conformance suite in unified/testing is

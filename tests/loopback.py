@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from unified.job_secret import SECRET_VARIABLE
-from unified.launch import free_port
+from unified.launcher.job_secret import SECRET_VARIABLE
+from unified.launcher.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # machine 0's own check, then torch's store and JAX's coordinator when the port went in between
@@ -70,8 +70,8 @@ class Stranger:
         import socket
         import time
 
-        from unified.job_secret import JobKey
-        from unified.rendezvous import SIGNATURE_HEADER
+        from unified.launcher.job_secret import JobKey
+        from unified.launcher.rendezvous import SIGNATURE_HEADER
 
         wrong = JobKey("a stranger's guess at the job secret 0123456789abcdef")
         forged = [{"op": "poll", "machine": 0}, {"op": "join", "machine": 1, "processes": 64},

@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional, Set
 
 import pytest
 
-from unified.parent_watch import PARENT_VARIABLE, watched
+from unified.launcher.parent_watch import PARENT_VARIABLE, watched
 
 from .conftest import BACKENDS
 

@@ -33,8 +33,8 @@ def netns():
 
 
 def test_each_machine_routes_to_machine_0_from_its_own_address(netns):
-    """What both backends bind their collectives to (unified/network.py), seen from inside."""
-    probe = "import json, sys; from unified.network import route_to; print(json.dumps(route_to(sys.argv[1])))"
+    """What both backends bind their collectives to (unified/runtime/network.py), seen from inside."""
+    probe = "import json, sys; from unified.runtime.network import route_to; print(json.dumps(route_to(sys.argv[1])))"
     with Machines(2) as machines:
         seen = [json.loads(subprocess.run(machines.argv(m, sys.executable, "-c", probe, machines.address(0)),
                                           capture_output=True, text=True, timeout=60, check=True).stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import unified.registry as registry
+import unified.backend.registry as registry
 from unified import Accelerator
 
 ROOT = Path(__file__).resolve().parents[1]

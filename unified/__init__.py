@@ -10,15 +10,15 @@ Example:
 """
 from .accelerator import Accelerator
 from .backend import Backend
-from .registry import available_backends
+from .backend.registry import available_backends
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
-from .sharding import FullyShardedDataParallelPlugin
+from .training.sharding import FullyShardedDataParallelPlugin
 from .logging import get_logger, tqdm
 from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
                      UnifiedError)
-from .kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
-from .preemption import PREEMPTED_EXIT_CODE
+from .compat.kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
+from .runtime.preemption import PREEMPTED_EXIT_CODE
 from . import utils
 
 __version__ = "0.1.0"

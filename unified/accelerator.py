@@ -5,25 +5,25 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .backend import Autograd, Backend, DeviceMesh, ShardedTraining, TrainingLoop, TrainingObjects, require
-from .collectives import Collectives
+from .runtime.collectives import Collectives
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
-from .environment import restart_count
+from .runtime.environment import restart_count
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.manager import CheckpointManager, Entry
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, see
-from .kwargs_handlers import options_of, resolve_handlers
-from .operations import set_current
-from .metrics import Metrics
-from .preemption import SignalFlag, resolve_handle_preemption, resolve_preemption_signals
-from .registry import create_backend, resolve_backend_name
-from .rng import set_seed
-from .sharding import FullyShardedDataParallelPlugin
-from .surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
-from .training_loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
+from .compat.kwargs_handlers import options_of, resolve_handlers
+from .compat.operations import set_current
+from .training.metrics import Metrics
+from .runtime.preemption import SignalFlag, resolve_handle_preemption, resolve_preemption_signals
+from .backend.registry import create_backend, resolve_backend_name
+from .runtime.rng import set_seed
+from .training.sharding import FullyShardedDataParallelPlugin
+from .compat.surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
+from .training.loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .tracking.registry import TrackerSet
-from .watchdog import Watchdog
+from .runtime.watchdog import Watchdog
 from .api.checkpointing import Checkpointing
 from .api.jobs import JobControl
 from .api.tracking import Tracking
@@ -58,7 +58,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             optimizer state over every process instead of replicating them (docs/sharding.md).
         step_scheduler_with_optimizer: as in Accelerate: True steps a prepared LR scheduler only
             when the optimizer stepped (``num_processes`` times); False once per ``step()``.
-        kwargs_handlers: Accelerate's `unified.kwargs_handlers` (DDP's, ``GradScaler``'s and
+        kwargs_handlers: Accelerate's `unified.compat.kwargs_handlers` (DDP's, ``GradScaler``'s and
             autocast's keyword arguments; ``InitProcessGroupKwargs(timeout=...)`` as ``timeout``).
         dataloader_config: Accelerate's `unified.utils.DataLoaderConfiguration` (what unified's
             loaders do, and the values it refuses).

@@ -2,7 +2,7 @@
 ``from unified.logging import get_logger``, as ``accelerate.logging`` offers it.
 
 They need no Accelerator: the process index comes from the variables every launcher sets
-(`unified.environment.ProcessEnvironment`), so they also work at import time, before the
+(`unified.runtime.environment.ProcessEnvironment`), so they also work at import time, before the
 Accelerator exists.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Dict, MutableMapping, Optional, Tuple
 
-from .environment import ProcessEnvironment
+from .runtime.environment import ProcessEnvironment
 
 __all__ = ["get_logger", "tqdm", "process_index_from_env", "MultiProcessAdapter", "PROGRESS_INTERVAL"]
 

@@ -5,12 +5,12 @@ import os
 from typing import Any, Iterator
 
 from .config import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
-from .kwargs_handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
+from .compat.kwargs_handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
                               KwargsHandler)
 from .logging import tqdm
-from .operations import (broadcast, broadcast_object_list, find_executable_batch_size, gather, gather_object,
+from .compat.operations import (broadcast, broadcast_object_list, find_executable_batch_size, gather, gather_object,
                          pad_across_processes, reduce, release_memory)
-from .rng import set_seed
+from .runtime.rng import set_seed
 from .tracking import LoggerType
 
 __all__ = ["set_seed", "ProjectConfiguration", "DataLoaderConfiguration", "GradientAccumulationPlugin", "DistributedType",

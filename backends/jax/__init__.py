@@ -1,6 +1,6 @@
 """The JAX backend (jax.distributed, Flax NNX, Orbax). This module is imported to read `SPEC` and
 imports no framework; the backend itself is `backends.jax.core.JaxBackend`."""
-from unified.registry import BackendSpec
+from unified.backend.registry import BackendSpec
 
 SPEC = BackendSpec(
     name="jax",

@@ -32,8 +32,8 @@ import re
 import threading
 from typing import Any, Dict, List, Optional
 
-from unified.toolkit import timeout_error
-from unified.environment import ProcessEnvironment
+from unified.backend.toolkit import timeout_error
+from unified.runtime.environment import ProcessEnvironment
 from unified.errors import DistributedError, see
 
 __all__ = ["JaxControlPlane"]

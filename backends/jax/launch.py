@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from unified.plan import Launcher
+from unified.launcher.plan import Launcher
 
 
 class CoordinatorLauncher(Launcher):

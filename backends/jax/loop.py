@@ -1,6 +1,6 @@
 """JAX's side of the training loop: bf16 compute in NNX modules, accumulating optimizers, clipping.
 
-The rules are `unified.training_loop`'s. On JAX the gradients are computed inside the user's
+The rules are `unified.training.loop`'s. On JAX the gradients are computed inside the user's
 jitted step, so accumulation lives in the prepared ``nnx.Optimizer``: its optax transformation
 is wrapped by `accumulate_gradients`, which adds each call's gradients divided by N and applies
 them on the N-th call (or at a prepared loader's last batch, as torch does), inside ``jit``.
@@ -17,7 +17,7 @@ import optax
 
 from unified.backend import TrainingLoop
 from unified.errors import see
-from unified.training_loop import GradientState, LoopSettings
+from unified.training.loop import GradientState, LoopSettings
 
 __all__ = ["JaxTrainingLoop", "accumulate_gradients", "clip_by_global_norm"]
 

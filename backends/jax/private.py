@@ -121,7 +121,7 @@ def gloo_bound_to(address: Optional[str]) -> Iterator[None]:
     """While the CPU client is made, give JAX's gloo collectives ``address`` to bind and announce.
 
     Without it gloo takes the address the host name resolves to, a loopback address on many
-    machines, which no other machine can reach (see unified/network.py)."""
+    machines, which no other machine can reach (see unified/runtime/network.py)."""
     if address is None:
         yield
         return

@@ -1,6 +1,6 @@
 """The PyTorch backend. This module is imported to read `SPEC` and imports no framework; the
 backend itself is `backends.torch.core.TorchBackend`."""
-from unified.registry import BackendSpec
+from unified.backend.registry import BackendSpec
 
 SPEC = BackendSpec(
     name="torch",

@@ -13,9 +13,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from unified.toolkit import keep_alive_forever, timeout_error
+from unified.backend.toolkit import keep_alive_forever, timeout_error
 from unified.errors import DistributedError, first_line, see
-from unified.watchdog import CHANNEL_KINDS
+from unified.runtime.watchdog import CHANNEL_KINDS
 
 __all__ = ["TorchControlPlane"]
 

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from unified.toolkit import next_instance
+from unified.backend.toolkit import next_instance
 from unified.backend import ArrayCollectives, Autograd, Backend, Replaceable, TrainingObjects, WriteGuards
-from unified.environment import ProcessEnvironment
+from unified.runtime.environment import ProcessEnvironment
 from unified.errors import see
-from unified.network import route_to
+from unified.runtime.network import route_to
 
 from . import private
 from .control import TorchControlPlane
@@ -46,7 +46,7 @@ def _exiting_on_an_exception() -> bool:
 def _bind_gloo_to_the_route_to_the_main_process() -> None:
     """gloo binds the address its host name resolves to, a loopback address on many machines
     (which no other machine can reach): bind the interface that reaches MASTER_ADDR instead,
-    unless ``GLOO_SOCKET_IFNAME`` says otherwise (see unified/network.py)."""
+    unless ``GLOO_SOCKET_IFNAME`` says otherwise (see unified/runtime/network.py)."""
     if os.environ.get("GLOO_SOCKET_IFNAME"):
         return
     route = route_to(os.environ.get("MASTER_ADDR", "127.0.0.1"))
@@ -332,7 +332,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         a load fills in place from a staging buffer, one after another (`_FilledOnDevice`): no
         copy of the state in host memory. CPU tensors are read in place (`writable_host_bytes`);
         sharded state goes through DCP."""
-        from unified.tree import flatten
+        from unified.runtime.tree import flatten
 
         if kind not in ("model", "optimizer") or self.sharding_enabled or self._device.type == "cpu":
             return None
@@ -370,7 +370,7 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
         `safetensors_io.read`): a model's ``load_state_dict`` copies them into its parameters;
         every other object (an optimizer keeps the tensors it is given) takes them over as
         tensors, without a copy (a copy only where an array is not aligned for its dtype)."""
-        from unified.tree import flatten
+        from unified.runtime.tree import flatten
 
         leaves, rebuild = flatten(state, lambda x: not isinstance(x, (dict, list, tuple)))
         tensors = [tensor_from_numpy(x if x.flags.aligned else x.copy()) if isinstance(x, np.ndarray) else x

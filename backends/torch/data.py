@@ -10,7 +10,7 @@ import torch
 
 from backends.common import prepare_torch_loader
 from unified.backend import ForeignLoaders
-from unified.tree import flatten
+from unified.runtime.tree import flatten
 
 from .tensors import tensor_from_numpy
 

@@ -8,10 +8,10 @@ import re
 import sys
 from typing import Dict, List, Optional
 
-from unified.environment import ProcessEnvironment
-from unified.plan import VERBOSE_VARIABLE, Launcher, LaunchPlan
-from unified.processes import Worker
-from unified.parent_watch import PARENT_VARIABLE, watched
+from unified.runtime.environment import ProcessEnvironment
+from unified.launcher.plan import VERBOSE_VARIABLE, Launcher, LaunchPlan
+from unified.launcher.processes import Worker
+from unified.launcher.parent_watch import PARENT_VARIABLE, watched
 
 
 class TorchrunLauncher(Launcher):
@@ -124,7 +124,7 @@ LAUNCHER = TorchrunLauncher()
 
 
 def serve_as_spare() -> None:
-    """torchrun started before its arguments are known (`unified.processes.Spares`): import torch
+    """torchrun started before its arguments are known (`unified.launcher.processes.Spares`): import torch
     (the slow part of torchrun's start, about 1 s) now, then read ``{"args", "env"}`` from stdin
     and run torchrun with them in this process. End quietly when stdin closes first (the spare
     was not needed)."""

@@ -1,6 +1,6 @@
 """torch's side of the training loop: autocast, fp16 loss scaling, accumulation, clipping.
 
-The rules (when a window closes, how often a scheduler steps) are `unified.training_loop`'s;
+The rules (when a window closes, how often a scheduler steps) are `unified.training.loop`'s;
 this module applies them to torch objects as Accelerate does: prepared optimizers and
 schedulers are thin wrappers that step only on accumulation boundaries, a prepared model's
 forward runs under ``torch.autocast`` and returns float32, ``backward`` divides the loss by the
@@ -17,7 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from unified.backend import TrainingLoop
-from unified.training_loop import GradientState, LoopSettings, scheduler_steps
+from unified.training.loop import GradientState, LoopSettings, scheduler_steps
 
 from . import private
 
@@ -313,7 +313,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 class PreparedScheduler:
     """The user's LR scheduler, stepped as Accelerate steps it (see
-    `unified.training_loop.scheduler_steps`). ``scheduler.scheduler`` is the user's object."""
+    `unified.training.loop.scheduler_steps`). ``scheduler.scheduler`` is the user's object."""
 
     def __init__(self, scheduler: Any, settings: LoopSettings) -> None:
         self.scheduler = scheduler

@@ -118,7 +118,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Set
 
 from tests.faults import scenarios as fs
-from unified.preemption import PREEMPTED_EXIT_CODE
+from unified.runtime.preemption import PREEMPTED_EXIT_CODE
 from unified.testing import harness
 from unified.testing.scenarios import ckpt_load_newest
 
@@ -136,7 +136,7 @@ def run_group(backend, size, scenarios, shared, **kwargs):
     return group
 WORKER_PATH = str(ROOT)  # the workers import tests.faults.scenarios
 TRAIN_STEPS = 30
-WATCHDOG_EXIT = "unified: the process group broke"  # unified/watchdog.py's message
+WATCHDOG_EXIT = "unified: the process group broke"  # unified/runtime/watchdog.py's message
 MANIFEST = "manifest.json"
 
 

@@ -11,10 +11,10 @@ import pytest
 
 import unified
 import unified.accelerator as accelerator_module
-import unified.registry as backend_module
+import unified.backend.registry as backend_module
 from unified import Accelerator, BackendUnavailable, DistributedType, ProjectConfiguration
-from unified.registry import resolve_backend_name
-from unified.rng import capture_host_rng, restore_host_rng, set_seed
+from unified.backend.registry import resolve_backend_name
+from unified.runtime.rng import capture_host_rng, restore_host_rng, set_seed
 
 from .memory_backend import MemoryGroup, run_accelerators, unwrap
 

@@ -9,14 +9,14 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from unified.backend import Backend, KeyStream
-from unified.environment import ProcessEnvironment
+from unified.runtime.environment import ProcessEnvironment
 from unified.errors import InvalidBackend
-from unified.registry import _DEFAULTS, check_backend_class
+from unified.backend.registry import _DEFAULTS, check_backend_class
 
 ROOT = Path(__file__).resolve().parents[2]
 # Backend names and the frameworks behind them: only the registry's default entries may say them.
 FRAMEWORK_WORDS = set(_DEFAULTS) | {"jaxlib", "flax", "optax", "orbax", "orbax.checkpoint"}
-ALLOWED_IN_UNIFIED = {("unified/registry.py", "_DEFAULTS"), ("unified/registry.py", "DEFAULT_BACKEND")}
+ALLOWED_IN_UNIFIED = {("unified/backend/registry.py", "_DEFAULTS"), ("unified/backend/registry.py", "DEFAULT_BACKEND")}
 # The conformance suite may import the libraries whose objects it hands to a backend (a torch
 # DataLoader for ForeignLoaders, torch modules for the FSDP2 scenarios), never a backend package.
 SUITE = "unified/testing/"

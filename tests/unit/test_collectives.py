@@ -10,7 +10,7 @@ import pytest
 
 import unified
 from unified import BarrierTimeout, DistributedError
-from unified.tree import flatten
+from unified.runtime.tree import flatten
 
 from .memory_backend import MemoryGroup, RankTimeout, run_accelerators, run_threads, unwrap
 
@@ -445,7 +445,7 @@ def test_gather_object_single_process_matches_multi_process_semantics():
         acc.gather_object({1, 2})  # raises with n > 1 (see the test above)
 
 
-# -- unified.tree -----------------------------------------------------------------------------------
+# -- unified.runtime.tree -----------------------------------------------------------------------------------
 def test_flatten_visits_dict_keys_sorted_and_rebuilds():
     is_int = lambda x: isinstance(x, int)  # noqa: E731
     leaves, rebuild = flatten({"b": [1, 2], "a": 3, "c": {"z": 4, "y": (5, 6)}}, is_int)

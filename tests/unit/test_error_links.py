@@ -28,7 +28,7 @@ SUITE = "unified/testing/"
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
 # `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `checksum_mismatch`,
 # `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
-# return CheckpointErrors that end with see(...); `_rows_error` (unified/metrics.py) returns a
+# return CheckpointErrors that end with see(...); `_rows_error` (unified/training/metrics.py) returns a
 # ValueError ending with see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a
 # BackendUnavailable ending with see("private-api-changed").
 SELF_LINKED = {"changed", "BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
@@ -38,13 +38,13 @@ NOT_MESSAGES = {"StopIteration"}
 
 # (file, a fragment of the raise statement's source) -> why it carries no link of its own.
 UNLINKED: Dict[Tuple[str, str], str] = {
-    ("unified/rendezvous.py", "BadRequest("):
+    ("unified/launcher/rendezvous.py", "BadRequest("):
         "the rendezvous's HTTP answer to a launcher, which raises it as RendezvousRefused + see('launch-rendezvous-refused')",
-    ("unified/rendezvous.py", "an answer not signed"):
+    ("unified/launcher/rendezvous.py", "an answer not signed"):
         "a client's retry, raised as RendezvousLost + see('launch-rendezvous-lost') once its patience is spent",
     ("unified/checkpoint/safetensors_io.py", "the destination of"):
         "a caller's wrong destination array; `_lay_out` turns it into a CheckpointError with a link",
-    ("unified/watchdog.py", "no answer within"):
+    ("unified/runtime/watchdog.py", "no answer within"):
         "internal to the watchdog: its callers treat it as an unanswered channel",
     ("backends/jax/control.py", "_NoAnswer"):
         "internal: JaxBackend._answered turns it into a BarrierTimeout (self-linked)",
@@ -72,9 +72,9 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
     ("backends/jax/tensors.py", "the checkpoint has {host.dtype}"):
         "load_state_into error, wrapped by load_state as 'cannot restore …' + see('cannot-restore')",
-    ("unified/training_loop.py", "the checkpoint was saved with gradient_accumulation_steps"):
+    ("unified/training/loop.py", "the checkpoint was saved with gradient_accumulation_steps"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
-    ("unified/training_loop.py", "the checkpoint was saved inside an open gradient-accumulation window"):
+    ("unified/training/loop.py", "the checkpoint was saved inside an open gradient-accumulation window"):
         "check_state_dict error, wrapped by load_state as 'cannot resume …' + see('cannot-resume')",
     ("backends/torch/loop.py", "AttributeError(name)"):
         "__getattr__ of a wrapper: the attribute protocol (not set yet while unpickling)",
@@ -117,7 +117,7 @@ def _exempt(path: str, call: ast.Call, source: str) -> bool:
     name = _name(call.func)
     if name in SELF_LINKED or name in NOT_MESSAGES:
         return True
-    if name == "NotImplementedError" and path == "unified/backend.py" and not call.args:
+    if name == "NotImplementedError" and path == "unified/backend/capabilities.py" and not call.args:
         return True  # an abstract Backend method: tells backend authors to implement it
     segment = ast.get_source_segment(source, call) or ""
     return any(p == path and fragment in segment for p, fragment in UNLINKED)

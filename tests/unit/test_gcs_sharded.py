@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from unified.registry import available_backends
+from unified.backend.registry import available_backends
 from unified.testing.harness import run_group
 from unified.testing.object_store import gcs_server, missing_gcs_packages
 from unified.testing.scenario import missing_requirements

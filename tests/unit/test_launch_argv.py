@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from unified import cli
-from unified import launch as launch_module
+from unified.launcher import cli
+from unified.launcher import launch as launch_module
 
 
 def _prefixes():

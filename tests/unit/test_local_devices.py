@@ -1,5 +1,5 @@
 """Several JAX processes on one machine each get their own GPUs (issue 14): the split is a
-shared rule (unified.environment), the JAX backend hands it to jax.distributed.initialize as
+shared rule (unified.runtime.environment), the JAX backend hands it to jax.distributed.initialize as
 ``local_device_ids``. No GPU is needed: the GPU count and JAX's initialize are stood in for."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import doctest
 
 import pytest
 
-import unified.environment as environment
-from unified.environment import ProcessEnvironment, local_device_share, visible_gpus
+import unified.runtime.environment as environment
+from unified.runtime.environment import ProcessEnvironment, local_device_share, visible_gpus
 
 
 def test_the_split_is_equal_contiguous_and_disjoint():

@@ -1,9 +1,9 @@
-"""unified/network.py: which local address reaches the main process (no framework, no traffic)."""
+"""unified/runtime/network.py: which local address reaches the main process (no framework, no traffic)."""
 from __future__ import annotations
 
 import pytest
 
-from unified.network import is_loopback, route_to
+from unified.runtime.network import is_loopback, route_to
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "localhost", "LOCALHOST", "::1", "[::1]"])

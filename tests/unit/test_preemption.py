@@ -13,9 +13,9 @@ import threading
 import pytest
 
 import unified
-from unified import launch as launch_module
-from unified.processes import Worker, run_group
-from unified.preemption import (HANDLE_VARIABLE, PREEMPTED_EXIT_CODE, STATUS_DIR_VARIABLE, read_statuses,
+from unified.launcher import launch as launch_module
+from unified.launcher.processes import Worker, run_group
+from unified.runtime.preemption import (HANDLE_VARIABLE, PREEMPTED_EXIT_CODE, STATUS_DIR_VARIABLE, read_statuses,
                                 record_status, resolve_handle_preemption)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
@@ -78,7 +78,7 @@ def test_resolve_handle_preemption(monkeypatch):
 
 
 def test_handle_preemption_outside_the_main_thread_is_a_clear_error():
-    from unified.preemption import SignalFlag
+    from unified.runtime.preemption import SignalFlag
 
     errors = []
     previous, SignalFlag._instance = SignalFlag._instance, None
@@ -163,7 +163,7 @@ def test_grace_period_must_not_be_negative(tmp_path):
 
 
 def test_preemption_signals_are_named_by_argument_or_variable_and_uncatchable_ones_refused(monkeypatch):
-    from unified.preemption import SIGNALS_VARIABLE, resolve_preemption_signals
+    from unified.runtime.preemption import SIGNALS_VARIABLE, resolve_preemption_signals
 
     monkeypatch.delenv(SIGNALS_VARIABLE, raising=False)
     assert resolve_preemption_signals() == (signal.SIGTERM, signal.SIGUSR1)  # the default, unchanged
@@ -194,7 +194,7 @@ def test_the_launcher_refuses_an_unknown_preemption_signal(tmp_path):
 def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_path):
     """`unified launch --preemption-signals SIGUSR2`: the launcher forwards SIGUSR2 to the workers
     with the grace period (not a stop), and sets the variable their Accelerators read."""
-    from unified.preemption import SIGNALS_VARIABLE
+    from unified.runtime.preemption import SIGNALS_VARIABLE
 
     ready = tmp_path / "ready"
     body = textwrap.dedent(f"""
@@ -213,9 +213,9 @@ def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_
     script.write_text(body)
     launcher = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import os, sys
-        from unified import launch
-        from unified.processes import Worker, run_group_outcome
-        from unified.preemption import resolve_preemption_signals, signal_names
+        from unified.launcher import launch
+        from unified.launcher.processes import Worker, run_group_outcome
+        from unified.runtime.preemption import resolve_preemption_signals, signal_names
         signals = resolve_preemption_signals("SIGUSR2")
         os.environ[{SIGNALS_VARIABLE!r}] = signal_names(signals)
         code, outcome = run_group_outcome([Worker([sys.executable, {str(script)!r}], dict(os.environ))],

@@ -1,4 +1,4 @@
-"""The launchers' rendezvous (unified/rendezvous.py): when attempts start, end and give up, on a
+"""The launchers' rendezvous (unified/launcher/rendezvous.py): when attempts start, end and give up, on a
 clock the test moves; and its HTTP server and client on loopback."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from unified.job_secret import JobKey
-from unified.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, SIGNATURE_HEADER, STOPPED, Rendezvous,
+from unified.launcher.job_secret import JobKey
+from unified.launcher.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, SIGNATURE_HEADER, STOPPED, Rendezvous,
                                 RendezvousClient, RendezvousLost, RendezvousServer)
 
 KEY = JobKey("test secret of the rendezvous tests, 0123456789abcdef")
@@ -260,7 +260,7 @@ def test_a_truncated_answer_is_asked_again():
      r"--rendezvous-heartbeat-timeout must be at least 2 seconds .*received 0.5.*#launch-heartbeat-timeout"),
 ])
 def test_the_launcher_refuses_a_wrong_machine_range_before_starting_anything(tmp_path, flags, match):
-    from unified import launch as launch_module
+    from unified.launcher import launch as launch_module
 
     script = tmp_path / "s.py"
     script.write_text("")
@@ -269,7 +269,7 @@ def test_the_launcher_refuses_a_wrong_machine_range_before_starting_anything(tmp
 
 
 def test_a_machine_count_is_a_number_or_a_range():
-    from unified import launch as launch_module
+    from unified.launcher import launch as launch_module
 
     parser = launch_module.build_parser()
     assert parser.parse_args(["--nnodes", "2:4", "s.py"]).num_machines == (2, 4)
@@ -281,8 +281,8 @@ def test_a_machine_count_is_a_number_or_a_range():
 def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_client(tmp_path, monkeypatch):
     """``--rendezvous-heartbeat-timeout 4``: machine 0's rendezvous counts a machine lost after 4 s
     of silence, and each launcher gives machine 0 as long (the default is 15 s)."""
-    from unified import launch as launch_module
-    from unified.launch import free_port
+    from unified.launcher import launch as launch_module
+    from unified.launcher.launch import free_port
 
     seen = {}
 

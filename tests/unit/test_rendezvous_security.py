@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from unified.job_secret import JobKey, job_key
-from unified.rendezvous import (FAILED, MAX_BODY_BYTES, REQUEST_SECONDS, SIGNATURE_HEADER, Rendezvous, RendezvousClient,
+from unified.launcher.job_secret import JobKey, job_key
+from unified.launcher.rendezvous import (FAILED, MAX_BODY_BYTES, REQUEST_SECONDS, SIGNATURE_HEADER, Rendezvous, RendezvousClient,
                                 RendezvousRefused, RendezvousServer)
 
 KEY = JobKey("the job's secret for the security tests 0123456789")
@@ -262,7 +262,7 @@ def test_a_job_without_a_strong_secret_is_refused_with_how_to_set_one(environ, m
 
 
 def test_the_launcher_refuses_several_machines_with_restarts_before_starting_anything(tmp_path, monkeypatch):
-    from unified import launch as launch_module
+    from unified.launcher import launch as launch_module
 
     monkeypatch.delenv("UNIFIED_RENDEZVOUS_SECRET", raising=False)
     started = []

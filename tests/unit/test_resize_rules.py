@@ -11,7 +11,7 @@ import pytest
 
 from unified.checkpoint.manager import derived_rng_seed, resolve_rng
 from unified.data import PreparedDataLoader, PreparedIterableLoader, resume_position
-from unified.training_loop import GradientState
+from unified.training.loop import GradientState
 
 
 def _ceil_batches(n):

@@ -1,4 +1,4 @@
-"""`unified.processes.Spares`: under --max-restarts the next attempt's slow-starting worker (torchrun)
+"""`unified.launcher.processes.Spares`: under --max-restarts the next attempt's slow-starting worker (torchrun)
 is started ahead, and a restart hands it its arguments instead of starting a new process. Here a
 spare is a small Python program that reads its order and prints it: the group's output comes from
 the spare (not from the worker's own command) with the worker's environment; a spare that died
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from unified.processes import Spares, Worker, run_group_outcome
+from unified.launcher.processes import Spares, Worker, run_group_outcome
 
 SPARE = """
 import json, os, sys

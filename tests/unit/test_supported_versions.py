@@ -12,8 +12,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from unified.registry import _DEFAULTS, backend_spec
-from unified.report import version_range_note
+from unified.backend.registry import _DEFAULTS, backend_spec
+from unified.launcher.report import version_range_note
 
 REPO = Path(__file__).resolve().parents[2]
 TESTED = {dist: (oldest, newest) for name in _DEFAULTS for dist, oldest, newest in backend_spec(name).tested_versions}
@@ -79,8 +79,8 @@ def test_unified_env_notes_tell_inside_from_outside():
 
 
 def test_unified_env_names_a_version_outside_the_tested_range(monkeypatch):
-    import unified.report as report
-    from unified import registry
+    import unified.launcher.report as report
+    from unified.backend import registry
 
     oldest = TESTED["jax"][0]
     real = report._version

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import unified.registry as registry
+import unified.backend.registry as registry
 from unified.testing import Kit, scenario
 from unified.testing.kit import kit_of
 from unified.testing.plugin import _names
@@ -46,7 +46,7 @@ def test_a_plain_function_is_not_a_scenario():
 def bare_backend(monkeypatch):
     """A registered backend with the core only (the memory backend of the unit tests) and no kit."""
     spec = registry.BackendSpec(name="bare", backend="tests.unit.memory_backend:MemoryBackend", framework="numpy",
-                                install="-", launcher="unified.launch:Launcher")
+                                install="-", launcher="unified.launcher.launch:Launcher")
     monkeypatch.setitem(registry._registry(), "bare", spec)
     backend_features.cache_clear()
     kit_of.cache_clear()

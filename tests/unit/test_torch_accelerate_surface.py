@@ -103,7 +103,7 @@ def test_gradient_accumulation_plugin_sets_the_steps():
 
 def test_kwargs_handlers_reach_torch(monkeypatch):
     from backends.torch import core
-    from unified.kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
+    from unified.compat.kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs
 
     seen = {}
 

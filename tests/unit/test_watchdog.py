@@ -7,7 +7,7 @@ from typing import Dict, List
 
 import pytest
 
-from unified.watchdog import Watchdog
+from unified.runtime.watchdog import Watchdog
 
 
 class DictChannel:

@@ -9,8 +9,8 @@ import warnings
 from typing import Any, Callable, Optional, TypeVar
 
 from ..errors import see
-from ..preemption import PREEMPTED_EXIT_CODE, record_status
-from ..surface import only_if
+from ..runtime.preemption import PREEMPTED_EXIT_CODE, record_status
+from ..compat.surface import only_if
 
 
 

@@ -1,12 +1,12 @@
 """The training loop (`unified.Accelerator`'s part): gradient accumulation, ``no_sync``,
-``autocast``, clipping and the JAX key stream; the rules are `unified.training_loop`'s."""
+``autocast``, clipping and the JAX key stream; the rules are `unified.training.loop`'s."""
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
 from ..backend import KeyStream, TrainingLoop, require
-from ..training_loop import resolve_accumulation_steps
+from ..training.loop import resolve_accumulation_steps
 
 
 

@@ -44,7 +44,7 @@ import time
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
-from ..environment import run_identity
+from ..runtime.environment import run_identity
 from ..errors import CheckpointError, see
 
 LEASE_NAME = "unified-lease.json"

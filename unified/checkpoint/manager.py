@@ -27,17 +27,17 @@ import numpy as np
 
 from ..backend import Backend, DeferredArray, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
-from ..environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
+from ..runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..errors import TROUBLESHOOTING, CheckpointError, failure_reason, see
-from ..rng import capture_host_rng, restore_host_rng
-from ..watchdog import CHANNEL_KINDS
+from ..runtime.rng import capture_host_rng, restore_host_rng
+from ..runtime.watchdog import CHANNEL_KINDS
 from . import codec, layout, lease, lock, safetensors_io
 from .manifest import check_file_name
 from .safetensors_io import verify_file
 from .store import Folder, ObjectStore, StoreError, location_of
 
 if TYPE_CHECKING:
-    from ..collectives import Collectives
+    from ..runtime.collectives import Collectives
     from ..config import ProjectConfiguration
 
 

@@ -765,7 +765,7 @@ def _madvise_where_huge_pages_are_asked_for() -> Optional[Callable[..., int]]:
     the first large allocation, not at import."""
     import ctypes
 
-    from ..libc import c_function
+    from ..runtime.libc import c_function
 
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as handle:

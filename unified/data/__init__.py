@@ -9,7 +9,7 @@ Uneven end (the same on both backends): with ``drop_last=True`` the incomplete g
 dropped; otherwise it is filled up by wrapping around to the start of the epoch's order, and
 ``loader.padding_in_batch(k)`` says how many trailing samples of global batch ``k`` are repeats.
 While a prepared loader is iterated, ``loader.batch_layout()`` says where the repeats of the batch
-in use are (`BatchLayout`); `unified.metrics` reads it to gather each sample exactly once.
+in use are (`BatchLayout`); `unified.training.metrics` reads it to gather each sample exactly once.
 
 A torch ``DataLoader`` with its own sampler or batch sampler keeps it: each epoch's indices (or
 batches of indices) are drawn from it once (`SampledLoader`, `BatchSampledLoader`) and sharded

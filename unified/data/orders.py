@@ -166,7 +166,7 @@ class _DrawnEpochs:
         self._resume: Optional[Dict[str, Any]] = None  # what load_state_dict left for the saved epoch
 
     def connect(self, exchange: Any) -> None:
-        """Called by `Accelerator.prepare` on every process with its `unified.collectives.Collectives`:
+        """Called by `Accelerator.prepare` on every process with its `unified.runtime.collectives.Collectives`:
         the sampler's orders agree (see `OrderSource.agree`), however its generators were seeded."""
         self._source.agree(lambda value: exchange.broadcast_json(value, operation="prepare_loader"))
 

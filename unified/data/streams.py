@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol
 import numpy as np
 
 from ..errors import see
-from ..tree import flatten
+from ..runtime.tree import flatten
 from .layout import BatchLayout, _in_use
 
 __all__ = ["ProcessStream", "PreparedStreamLoader", "HuggingFaceStream", "ReaderStream", "GrainLoaderStream",

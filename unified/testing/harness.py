@@ -4,7 +4,7 @@ Each process runs `unified.testing.worker`, which executes the scenarios in orde
 one JSON result file per process; the parent asserts across processes, reading results by
 scenario. A group's processes are the ones the backend's launcher starts for `unified launch`
 (`Launcher.direct_workers`: its rendezvous service and its workers, with its variables), run by
-the launcher's own runner (`unified.processes.ProcessGroup`). Where a launcher hands its workers to
+the launcher's own runner (`unified.launcher.processes.ProcessGroup`). Where a launcher hands its workers to
 an agent (torch: torchrun), the suite starts them directly as the agent would, to see each
 process's exit code and exit time; `launch_group` runs scenarios through the whole `unified
 launch`, agent included. Every run has a deadline; on any failure the per-process logs are shown.
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from unified.environment import BACKEND_VARIABLE, IN_PLACE_VARIABLE
-from unified.plan import Launcher, LaunchPlan
-from unified.processes import ProcessGroup, Worker
-from unified.launch import free_port
-from unified.registry import backend_spec, load_object
+from unified.runtime.environment import BACKEND_VARIABLE, IN_PLACE_VARIABLE
+from unified.launcher.plan import Launcher, LaunchPlan
+from unified.launcher.processes import ProcessGroup, Worker
+from unified.launcher.launch import free_port
+from unified.backend.registry import backend_spec, load_object
 
 from .scenario import missing_requirements, reference, requirements
 

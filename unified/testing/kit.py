@@ -2,7 +2,7 @@
 
 Everything else the suite needs it learns from the backend itself (its capabilities, its
 ``group_distributed_type``, its health channel). A backend names its kit in its
-`unified.registry.BackendSpec` (``testing_kit="my_package.testing:Kit"``); a backend without one
+`unified.backend.registry.BackendSpec` (``testing_kit="my_package.testing:Kit"``); a backend without one
 runs every scenario that needs no training setup, and the others are reported as skipped.
 
 Example (a backend whose models train with its own ``MyModel`` / ``MySGD``)::
@@ -27,7 +27,7 @@ import functools
 from typing import Any, Callable, FrozenSet, Optional
 
 from unified.backend import CAPABILITIES, Backend, HealthChannel
-from unified.registry import backend_spec, load_object
+from unified.backend.registry import backend_spec, load_object
 
 __all__ = ["Kit", "kit_of", "make_training", "backend_class", "distributed_type", "has_health_channel"]
 

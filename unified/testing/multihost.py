@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from unified.job_secret import SECRET_VARIABLE
-from unified.processes import ProcessGroup, Worker
+from unified.launcher.job_secret import SECRET_VARIABLE
+from unified.launcher.processes import ProcessGroup, Worker
 
 from .harness import WORKER_SCRIPT
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
@@ -34,14 +34,14 @@ from .scenarios import ckpt_load_newest
 PORT = 29400  # every group has namespaces of its own: a fixed port cannot collide
 SLACK_S = 5.0  # "within the timeout plus a few seconds"
 LAUNCHER_STOP_S = 10.0  # a launcher stops its other children (the JAX coordination service) in this long
-WATCHDOG_EXIT = "unified: the process group broke - "  # unified/watchdog.py's message
+WATCHDOG_EXIT = "unified: the process group broke - "  # unified/runtime/watchdog.py's message
 FAULTS = ("cut-barrier", "cut-save", "freeze")
 SCENARIO = {"cut-barrier": mh_barrier_loop, "cut-save": mh_save_loop, "freeze": mh_barrier_loop}
 
 
 @dataclass
 class Group:
-    """The launchers of one group, one per machine (run by `unified.processes.ProcessGroup`), and
+    """The launchers of one group, one per machine (run by `unified.launcher.processes.ProcessGroup`), and
     where their output goes."""
 
     machines: Machines

@@ -33,7 +33,7 @@ def pytest_configure(config: Any) -> None:
 
 
 def _resolve(names: List[str]) -> List[str]:
-    from unified.registry import available_backends, backend_names
+    from unified.backend.registry import available_backends, backend_names
 
     names = [n for name in names for n in name.split(",") if n]
     unknown = [n for n in names if n not in backend_names()]
@@ -42,7 +42,7 @@ def _resolve(names: List[str]) -> List[str]:
                                 "(a backend from another package registers through the 'unified.backends' entry points)")
     missing = [n for n in names if n not in available_backends()]
     if missing:
-        from unified.registry import backend_spec
+        from unified.backend.registry import backend_spec
 
         raise pytest.UsageError(f"{OPTION}: the framework of {missing} is not installed: "
                                 + "; ".join(backend_spec(n).install for n in missing))
@@ -54,7 +54,7 @@ def selected_backends() -> List[str]:
     installed one."""
     if _selected is not None:
         return list(_selected)
-    from unified.registry import available_backends
+    from unified.backend.registry import available_backends
 
     return available_backends()
 

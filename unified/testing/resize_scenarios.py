@@ -85,7 +85,7 @@ def _setup(state: dict):
 def _window_setup(backend: str):
     """A training-loop setup with gradient accumulation (None on a backend without one)."""
     from unified.backend import TrainingLoop
-    from unified.registry import backend_spec, load_object
+    from unified.backend.registry import backend_spec, load_object
 
     from .loop_scenarios import _loader, _setup as loop_setup
 

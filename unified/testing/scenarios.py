@@ -925,7 +925,7 @@ def tracking(state: dict) -> dict:
 
     from unified.tracking import available_trackers
 
-    from unified.registry import backend_names, backend_spec
+    from unified.backend.registry import backend_names, backend_spec
 
     names = available_trackers()
     acc = Accelerator(timeout=60, log_with=names or None, project_dir=_shared("tracking"))

@@ -113,7 +113,7 @@ def _shared(*parts: str) -> str:
 
 
 def _setup_class() -> Any:
-    from unified.registry import resolve_backend_name
+    from unified.backend.registry import resolve_backend_name
 
     from .kit import kit_of
 

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 
 from ..errors import UnifiedError, see
-from ..rng import capture_host_rng, restore_host_rng
+from ..runtime.rng import capture_host_rng, restore_host_rng
 
 EXTRA = "unified[tracking]"
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def import_alone(module: str) -> Any:
     seconds and memory."""
     if module in sys.modules:
         return sys.modules[module]
-    from ..registry import backend_names, backend_spec
+    from ..backend.registry import backend_names, backend_spec
 
     try:
         frameworks = {backend_spec(name).framework for name in backend_names()}

@@ -8,7 +8,7 @@ kit is `unified_numpy_backend.testing.NumpyKit`. Arrays are NumPy arrays; the co
 TCP key-value store (torch's ``TCPStore``, hosted by the launcher as for torch). This module
 imports no framework.
 """
-from unified.toolkit import BackendSpec
+from unified.backend.toolkit import BackendSpec
 
 SPEC = BackendSpec(
     name="numpy",

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from unified.backend import Backend, TrainingObjects
-from unified.toolkit import BarrierTimeout, ProcessEnvironment, export_numpy
+from unified.backend.toolkit import BarrierTimeout, ProcessEnvironment, export_numpy
 
 _POLL_S = 0.002
 # The n-th backend of every process shares key prefix n: two Accelerators' keys never meet.

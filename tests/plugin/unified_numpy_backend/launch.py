@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from typing import List, Optional
 
-from unified.toolkit import Launcher
+from unified.backend.toolkit import Launcher
 
 _STORE = ("import time, torch.distributed as d; "
           "s = d.TCPStore('{host}', {port}, is_master=True, wait_for_workers=False); time.sleep(1e9)")

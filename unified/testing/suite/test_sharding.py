@@ -22,7 +22,7 @@ from ..sharding_scenarios import (OPTIMIZER_FIRST, shard_async_save, shard_damag
                                   shard_resume_after_kill, shard_store_killed_mid_save, shard_store_load_from_2,
                                   shard_store_resume_after_kill, shard_store_round_trip, shard_train_and_save)
 from ..storage_scenarios import STORE_VARIABLE
-from ...environment import RUN_VARIABLE
+from ...runtime.environment import RUN_VARIABLE
 
 pytestmark = pytest.mark.multiprocess
 DEADLINE = 300.0

@@ -31,7 +31,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     np.random.seed(seed % 2**32)
     if backend is not None:
         backend.seed(seed)
-    from .registry import backend_names, backend_spec, load_object
+    from ..backend.registry import backend_names, backend_spec, load_object
 
     own = getattr(backend, "name", None)
     for name in backend_names():  # the backend's own framework was seeded above unless `deterministic` asks more

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .errors import see
+from ..errors import see
 
 __all__ = ["PRECISIONS", "GradientState", "LoopSettings", "resolve_mixed_precision", "resolve_accumulation_steps",
            "scheduler_steps"]
@@ -131,7 +131,7 @@ class LoopSettings:
     # Accelerate's ``step_scheduler_with_optimizer``: False steps a prepared scheduler once per
     # ``step()`` call, whatever the optimizer did
     step_scheduler_with_optimizer: bool = True
-    # from ``kwargs_handlers`` (`unified.kwargs_handlers`): the fields that differ from their
+    # from ``kwargs_handlers`` (`unified.compat.kwargs_handlers`): the fields that differ from their
     # defaults, for the framework's data-parallel wrapper, loss scaler and autocast
     data_parallel_options: Dict[str, Any] = field(default_factory=dict)
     loss_scaler_options: Dict[str, Any] = field(default_factory=dict)

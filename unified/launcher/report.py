@@ -60,9 +60,9 @@ def report() -> str:
     version lies in it) and (when installed) its own device lines.
 
     Example:
-        >>> print(unified.report.report())   # doctest: +SKIP
+        >>> print(unified.launcher.report.report())   # doctest: +SKIP
     """
-    from .registry import available_backends, backend_names, backend_spec, load_object, resolve_backend_name
+    from ..backend.registry import available_backends, backend_names, backend_spec, load_object, resolve_backend_name
 
     lines: List[str] = [
         f"- Python: {sys.version.split()[0]} ({platform.platform()})",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, List, Tuple
 
-from .errors import see
+from ..errors import see
 
 Rebuild = Callable[[List[Any]], Any]
 

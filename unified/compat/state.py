@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
-    from .config import DistributedType
+    from ..accelerator import Accelerator
+    from ..config import DistributedType
 
 __all__ = ["AcceleratorState"]
 

@@ -1,7 +1,7 @@
 """What `unified launch` starts on one machine (`LaunchPlan`) and how a backend starts it
 (`Launcher`, named by the backend's spec): the default runs the backend's rendezvous service on
 machine 0 and the workers directly, each told its place by a
-`unified.environment.ProcessEnvironment`; a backend may start its workers otherwise (torch:
+`unified.runtime.environment.ProcessEnvironment`; a backend may start its workers otherwise (torch:
 through torchrun).
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
-from .logging import PROGRESS_INTERVAL
+from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
+from ..logging import PROGRESS_INTERVAL
 
 from .processes import Worker
 

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .backend import ArrayCollectives, Backend
-from .checkpoint.safetensors_io import export_numpy, numpy_dtype
-from .errors import DistributedError, failure_reason, see
+from ..backend import ArrayCollectives, Backend
+from ..checkpoint.safetensors_io import export_numpy, numpy_dtype
+from ..errors import DistributedError, failure_reason, see
 from .tree import flatten
 
 __all__ = ["Collectives"]

@@ -20,14 +20,14 @@ code asks ``isinstance(backend, Capability)`` and gives a precise error where on
 `TrainingLoop`         mixed precision, gradient accumulation and clipping
 =====================  ===========================================================
 
-A backend is found by name through `unified.registry`; see ``docs/adding-a-backend.md``.
+A backend is found by name through `unified.backend.registry`; see ``docs/adding-a-backend.md``.
 """
 from __future__ import annotations
 
 import abc
 from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
-from .errors import InvalidBackend, MissingCapability, see
+from ..errors import InvalidBackend, MissingCapability, see
 
 # An exported array: (safetensors dtype name, shape, contiguous uint8 NumPy view of its bytes)
 Exported = Tuple[str, Tuple[int, ...], Any]
@@ -187,7 +187,7 @@ class Backend(abc.ABC):
 
     def place_batch(self, batch: Any) -> Any:
         """This process's rows of a global batch (NumPy leaves) as this framework's arrays."""
-        from .tree import flatten
+        from ..runtime.tree import flatten
 
         leaves, rebuild = flatten(batch, lambda x: not isinstance(x, (dict, list, tuple)))
         return rebuild([self.from_numpy(leaf) if hasattr(leaf, "__array_interface__") else leaf for leaf in leaves])
@@ -349,7 +349,7 @@ class DeviceMesh(abc.ABC):
 
 
 class ArrayCollectives(abc.ABC):
-    """Native collectives on framework arrays. Without them, `unified.collectives` moves arrays
+    """Native collectives on framework arrays. Without them, `unified.runtime.collectives` moves arrays
     as bytes through the control plane (correct, slower for large arrays)."""
 
     @abc.abstractmethod
@@ -493,7 +493,7 @@ class ShardedTraining(abc.ABC):
     """Models and optimizer state sharded over every process (FSDP2 on torch, sharded NNX on JAX).
 
     `configure_sharding` is called once, before any ``prepare``, with the run's
-    `unified.sharding.FullyShardedDataParallelPlugin`; from then on the backend's ``prepare`` of a
+    `unified.training.sharding.FullyShardedDataParallelPlugin`; from then on the backend's ``prepare`` of a
     model shards it instead of replicating it, and its sharded arrays are saved by every process
     through `ShardedArrays`.
     """
@@ -516,14 +516,14 @@ class TrainingLoop(abc.ABC):
     """Mixed precision, gradient accumulation and clipping for the objects the backend prepares.
 
     `configure_loop` is called once, before any ``prepare``, with the shared
-    `unified.training_loop.LoopSettings`; the backend's prepared objects follow its
+    `unified.training.loop.LoopSettings`; the backend's prepared objects follow its
     ``GradientState`` (skip optimizer/scheduler steps between accumulation boundaries, or
     accumulate inside the optimizer) and compute in its mixed precision.
     """
 
     # the ``mixed_precision`` values this backend honours ("no" always)
     mixed_precisions: Tuple[str, ...] = ("no",)
-    # the kwargs handlers (`unified.kwargs_handlers`, by class name) whose options it applies
+    # the kwargs handlers (`unified.compat.kwargs_handlers`, by class name) whose options it applies
     kwargs_handlers: Tuple[str, ...] = ()
 
     @abc.abstractmethod
@@ -605,8 +605,8 @@ def check_backend_class(cls: type) -> None:
 class HealthChannel(Protocol):
     """What `Backend.health_channel` returns: non-blocking key-value access shared by the
     processes of one group (e.g. the rendezvous key-value store), through which the watchdog
-    (`unified.watchdog`) tells every process when one failed alone. Names are ``<kind>/<process
-    index>`` with a kind of ``unified.watchdog.CHANNEL_KINDS``. A backend that has one satisfies the
+    (`unified.runtime.watchdog`) tells every process when one failed alone. Names are ``<kind>/<process
+    index>`` with a kind of ``unified.runtime.watchdog.CHANNEL_KINDS``. A backend that has one satisfies the
     conformance scenarios that require ``"HealthChannel"``.
 
     Example:

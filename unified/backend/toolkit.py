@@ -10,7 +10,7 @@ section), the numbering that keeps two Accelerators' keys apart (`next_instance`
 that must outlive a broken group (`keep_alive_forever`). See docs/adding-a-backend.md.
 
 Example:
-    >>> from unified.toolkit import ProcessEnvironment, export_numpy, next_instance
+    >>> from unified.backend.toolkit import ProcessEnvironment, export_numpy, next_instance
     >>> export_numpy(np.ones(2, np.float32))[:2]
     ('F32', (2,))
 """
@@ -20,16 +20,16 @@ import ctypes
 import itertools
 from typing import Any, Optional, Sequence
 
-from .checkpoint.safetensors_io import DTYPE_NAMES, export_numpy, numpy_dtype, safetensors_dtype
-from .environment import ProcessEnvironment
-from .errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, first_line, see
-from .libc import return_free_heap
-from .network import route_to
-from .parent_watch import PARENT_VARIABLE, watched
-from .plan import LaunchPlan, Launcher
-from .processes import Worker
+from ..checkpoint.safetensors_io import DTYPE_NAMES, export_numpy, numpy_dtype, safetensors_dtype
+from ..runtime.environment import ProcessEnvironment
+from ..errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, first_line, see
+from ..runtime.libc import return_free_heap
+from ..runtime.network import route_to
+from ..launcher.parent_watch import PARENT_VARIABLE, watched
+from ..launcher.plan import LaunchPlan, Launcher
+from ..launcher.processes import Worker
 from .registry import BackendSpec
-from .watchdog import CHANNEL_KINDS
+from ..runtime.watchdog import CHANNEL_KINDS
 
 __all__ = ["BackendSpec", "ProcessEnvironment", "Launcher", "LaunchPlan", "Worker", "PARENT_VARIABLE", "watched",
            "DTYPE_NAMES", "export_numpy", "numpy_dtype", "safetensors_dtype", "CHANNEL_KINDS", "route_to",

@@ -1,6 +1,6 @@
 """The job's secret: what every launcher of one multi-machine job shares and a stranger lacks.
 
-Machine 0's rendezvous (`unified.rendezvous`) answers only requests signed with it, and every
+Machine 0's rendezvous (`unified.launcher.rendezvous`) answers only requests signed with it, and every
 launcher checks that the answers are signed too. The secret comes from the environment variable
 ``UNIFIED_RENDEZVOUS_SECRET``, set to the same random value on every machine of the job by
 whatever starts the job (a SLURM batch script before ``srun``, a Kubernetes Secret; recipes in
@@ -20,7 +20,7 @@ import hmac
 import os
 from typing import Mapping, Optional
 
-from .errors import see
+from ..errors import see
 
 __all__ = ["SECRET_VARIABLE", "MIN_SECRET_CHARACTERS", "JobKey", "job_key", "new_secret_command"]
 
@@ -52,7 +52,7 @@ def job_key(environ: Mapping[str, str] = os.environ) -> JobKey:
 
     Example:
         >>> job_key({"UNIFIED_RENDEZVOUS_SECRET": "0123456789abcdef0123456789abcdef"})  # doctest: +ELLIPSIS
-        <unified.job_secret.JobKey object at ...>
+        <unified.launcher.job_secret.JobKey object at ...>
     """
     secret = environ.get(SECRET_VARIABLE, "")
     if not secret:

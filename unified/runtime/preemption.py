@@ -22,7 +22,7 @@ import signal
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from .errors import see
+from ..errors import see
 
 __all__ = ["PREEMPTED_EXIT_CODE", "PREEMPTION_SIGNALS", "HANDLE_VARIABLE", "SIGNALS_VARIABLE", "STATUS_DIR_VARIABLE",
            "SignalFlag", "resolve_handle_preemption", "resolve_preemption_signals", "signal_names", "record_status",

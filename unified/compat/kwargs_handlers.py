@@ -10,7 +10,7 @@ import dataclasses
 import datetime
 from typing import Any, Dict, Iterable, Optional
 
-from .errors import see
+from ..errors import see
 
 __all__ = ["KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs",
            "AutocastKwargs", "Handlers", "options_of", "resolve_handlers"]

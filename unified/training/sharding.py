@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .errors import see
+from ..errors import see
 
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")

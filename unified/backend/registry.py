@@ -10,7 +10,7 @@ default entries below; a package adds a backend without editing ours through the
     mlx = "unified_mlx:SPEC"
 
 Example:
-    >>> from unified.registry import available_backends, resolve_backend_name
+    >>> from unified.backend.registry import available_backends, resolve_backend_name
     >>> resolve_backend_name("jax")     # doctest: +SKIP
     'jax'
 """
@@ -24,9 +24,9 @@ import importlib.util
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .backend import Backend, check_backend_class
-from .environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE
-from .errors import BackendUnavailable, InvalidBackend, see
+from .capabilities import Backend, check_backend_class
+from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE
+from ..errors import BackendUnavailable, InvalidBackend, see
 
 __all__ = ["BackendSpec", "ENTRY_POINT_GROUP", "available_backends", "backend_names", "backend_spec",
            "resolve_backend_name", "create_backend", "load_object"]
@@ -48,7 +48,7 @@ class BackendSpec:
         backend: the `unified.Backend` subclass.
         framework: the module whose presence means the backend is installed.
         install: the command that installs it (quoted in errors).
-        launcher: a `unified.plan.Launcher`: how a group of this backend is started.
+        launcher: a `unified.launcher.plan.Launcher`: how a group of this backend is started.
         report: a function returning lines for ``unified env`` (may import the framework).
         seed_globals: ``f(seed, deterministic)`` seeding the framework's global generators when
             `unified.utils.set_seed` runs without an Accelerator (must not import the framework).
@@ -91,7 +91,7 @@ def _registry() -> Dict[str, BackendSpec]:
         if not isinstance(spec, BackendSpec) or spec.name != entry.name:
             raise InvalidBackend(
                 f"entry point {entry.name!r} = {entry.value!r} of group {ENTRY_POINT_GROUP!r} must point to a "
-                f"unified.registry.BackendSpec named {entry.name!r}; found {spec!r}." + see("invalid-backend-plugin")
+                f"unified.backend.registry.BackendSpec named {entry.name!r}; found {spec!r}." + see("invalid-backend-plugin")
             )
         specs[entry.name] = spec
     return specs

@@ -14,7 +14,7 @@ The rendezvous speaks JSON over HTTP on ``--main-process-port`` of machine 0 (st
 only): nothing is unpickled, and a group's own store or coordinator gets a fresh port from
 machine 0 every attempt. It trusts only the job's own launchers (docs/security.md): it listens
 on the address the job names (``--main-process-ip``), every request and every answer is signed
-with the job's secret (`unified.job_secret`; a request also carries its launcher's identity and a
+with the job's secret (`unified.launcher.job_secret`; a request also carries its launcher's identity and a
 number that only grows, so that a recorded request cannot be played again), every field is
 checked before anything changes, a machine rank held by a live launcher is refused to another,
 and one request may cost little: a body of at most `MAX_BODY_BYTES`, `REQUEST_SECONDS` to send
@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .errors import see
+from ..errors import see
 from .job_secret import SECRET_VARIABLE, JobKey
 
 __all__ = ["Layout", "Rendezvous", "RendezvousServer", "RendezvousClient", "RendezvousLost", "RendezvousRefused",
@@ -51,7 +51,7 @@ __all__ = ["Layout", "Rendezvous", "RendezvousServer", "RendezvousClient", "Rend
 
 # What ended an attempt, for every machine of it.
 RESTART, FINISHED, STOPPED, GAVE_UP = "restart", "finished", "stopped", "gave up"
-# How a machine's group ended, as it reports it (with `unified.launch`'s outcome for the log): done;
+# How a machine's group ended, as it reports it (with `unified.launcher.launch`'s outcome for the log): done;
 # failed or broke (the attempt ends for everyone); preempted, interrupted or without its output
 # (this machine leaves: the job goes on without it at the next restart, if there is one).
 DONE, FAILED, LEAVES = "done", "failed", "leaves"
@@ -156,7 +156,7 @@ class Rendezvous:
 
     def end(self, machine: int, attempt: int, kind: str, outcome: str = "") -> Dict:
         """``machine``'s group of ``attempt`` ended: ``kind`` `DONE`, `FAILED` or `LEAVES`;
-        ``outcome`` says how, for the log (`unified.launch`'s words)."""
+        ``outcome`` says how, for the log (`unified.launcher.launch`'s words)."""
         with self.lock:
             self.seen[machine] = self.clock()
             if self.layout and self.layout.attempt == attempt and attempt not in self.verdicts:
@@ -446,7 +446,7 @@ class RendezvousRefused(RendezvousLost):
 
 class RendezvousClient:
     """A launcher's side: ``address`` is machine 0's ``host:port``; ``machine`` its ``--machine-rank``;
-    ``key`` the job's secret (`unified.job_secret.job_key`).
+    ``key`` the job's secret (`unified.launcher.job_secret.job_key`).
 
     Every call retries a rendezvous that does not answer (machine 0 may start later) for
     ``patience`` seconds, then raises `RendezvousLost`. An answer not signed with the job's

@@ -18,14 +18,14 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .job_secret import SECRET_VARIABLE, job_key
-from .environment import RESTART_VARIABLE, RUN_VARIABLE, run_identity
-from .errors import see
-from .preemption import (SIGNALS_VARIABLE, resolve_preemption_signals, signal_names)
+from ..runtime.environment import RESTART_VARIABLE, RUN_VARIABLE, run_identity
+from ..errors import see
+from ..runtime.preemption import (SIGNALS_VARIABLE, resolve_preemption_signals, signal_names)
 from . import rendezvous as together
 from .rendezvous import (BEAT_S, HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S, Layout, Rendezvous, RendezvousClient,
                          RendezvousLost, RendezvousServer, free_port_everywhere)
-from .registry import backend_names, backend_spec, load_object, resolve_backend_name
-from .training_loop import PRECISION_VARIABLE, PRECISIONS
+from ..backend.registry import backend_names, backend_spec, load_object, resolve_backend_name
+from ..training.loop import PRECISION_VARIABLE, PRECISIONS
 
 from .plan import VERBOSE_VARIABLE, LaunchPlan, Launcher
 from .processes import (GRACE_PERIOD_SECONDS, RESTARTABLE, FINISHED, Spares, run_group_outcome, note)
@@ -258,7 +258,7 @@ def _run_plan(plan: LaunchPlan, launcher: Launcher, options: dict,
 
 def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher, options: dict) -> int:
     """Several machines under --max-restarts: every attempt is agreed at machine 0's rendezvous
-    (`unified.rendezvous`), which gives it its machines and a fresh port for its group."""
+    (`unified.launcher.rendezvous`), which gives it its machines and a fresh port for its group."""
     port = args.main_process_port or 29500
     heartbeat = args.rendezvous_heartbeat_timeout
     key = job_key()  # refused before anything starts: no secret, no rendezvous a stranger cannot steer

@@ -30,9 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
-from .errors import see
+from ..errors import see
 from .parent_watch import PARENT_VARIABLE, watched
-from .preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses)
+from ..runtime.preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses)
 
 
 __all__ = ["Worker", "Spares", "ProcessGroup", "run_group", "run_group_outcome", "stop_processes", "RESTARTABLE"]
@@ -62,7 +62,7 @@ class Worker:
     label: Callable[[str], Optional[str]] = field(default=lambda line: line)  # None: leave the line out
     service: bool = False  # runs until the workers ended (then SIGTERM), its exit is not a result
     # starts the workers itself (torchrun): signals meant for the workers go to the processes it
-    # started through `unified.parent_watch`, and its exit code only summarises theirs
+    # started through `unified.launcher.parent_watch`, and its exit code only summarises theirs
     agent: bool = False
     process_index: Optional[int] = None  # the group index of a worker started directly
     # (spare command, request): a program that can be started before this worker's arguments are
@@ -250,11 +250,11 @@ class ProcessGroup:
     """Children started as one group, and stopped as one: the process runner that `unified
     launch` (`run_group`) and the conformance suite (`unified.testing.harness`) share.
 
-    Each child runs through `unified.parent_watch` (it dies with us, even when we are SIGKILLed)
+    Each child runs through `unified.launcher.parent_watch` (it dies with us, even when we are SIGKILLed)
     in a session of its own (a signal meant for it reaches what it started). Its output is
     either copied line by line, labelled, into ``output`` (the launcher) or written to a file of
     ``logs`` (the suite: one file per child). ``status_dir``, when given, is where the workers
-    report being preempted or seeing the group break (`unified.preemption`).
+    report being preempted or seeing the group break (`unified.runtime.preemption`).
 
     Example:
         >>> group = ProcessGroup([Worker([sys.executable, "-c", "pass"], dict(os.environ))],
@@ -340,7 +340,7 @@ class ProcessGroup:
 
 
 def _wrapped_children(agent: int) -> Set[int]:
-    """The processes ``agent`` started through `unified.parent_watch` (torchrun's workers): the
+    """The processes ``agent`` started through `unified.launcher.parent_watch` (torchrun's workers): the
     wrapper leaves each one's own pid in its environment."""
     found = set()
     for pid, parent in _parents().items():
@@ -375,7 +375,7 @@ def run_group(workers: Sequence[Worker], remote_peers: bool = False, grace_perio
     """Run the workers to completion; the first failure stops the rest. Returns the exit code.
 
     ``process_indices``: the group indices of this machine's workers, whose statuses (preempted,
-    broken; see `unified.preemption`) decide the exit code with their exit codes.
+    broken; see `unified.runtime.preemption`) decide the exit code with their exit codes.
     """
     return run_group_outcome(workers, remote_peers, grace_period, process_indices)[0]
 

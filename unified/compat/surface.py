@@ -10,12 +10,12 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, TypeVar
 
-from .config import GradientAccumulationPlugin
-from .errors import see
+from ..config import GradientAccumulationPlugin
+from ..errors import see
 from .state import AcceleratorState
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from ..backend import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -117,7 +117,7 @@ class AccelerateSurface:
     # Accelerate's handlers and plugins of features unified does not have (DeepSpeed, fp8, LOMO,
     # parallelism_config, dynamo, profiling): always their "not in use" value, as on an
     # Accelerate run that does not use them. The four kwargs handlers unified takes are set by
-    # the constructor (see `unified.kwargs_handlers`).
+    # the constructor (see `unified.compat.kwargs_handlers`).
     profile_handler = None
     fp8_recipe_handler = None
     ao_recipe_handler = None
@@ -356,8 +356,8 @@ class AccelerateSurface:
         Example:
             >>> state = accelerator.get_state_dict(model)
         """
-        from .backend import ShardedTraining, TrainingObjects, require
-        from .checkpoint.files import flat_names
+        from ..backend import ShardedTraining, TrainingObjects, require
+        from ..checkpoint.files import flat_names
 
         objects = require(self._backend, TrainingObjects, "get_state_dict()")
         if self.fsdp_plugin is None or self.num_processes == 1:  # type: ignore[attr-defined]
@@ -480,7 +480,7 @@ class AccelerateSurface:
         """
         if not self.is_main_process:
             return
-        from .checkpoint.files import save_arrays
+        from ..checkpoint.files import save_arrays
 
         path = os.fspath(f)
         tmp = f"{path}.tmp-{os.getpid()}"

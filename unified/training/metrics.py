@@ -24,12 +24,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checkpoint.safetensors_io import export_numpy, numpy_dtype
-from .backend import ShardedArrays
-from .collectives import Collectives
-from .data import BatchLayout
-from .errors import see
-from .tree import flatten
+from ..checkpoint.safetensors_io import export_numpy, numpy_dtype
+from ..backend import ShardedArrays
+from ..runtime.collectives import Collectives
+from ..data import BatchLayout
+from ..errors import see
+from ..runtime.tree import flatten
 
 __all__ = ["ActiveLoaders", "Metrics"]
 

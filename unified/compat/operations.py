@@ -12,10 +12,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
-from .errors import see
+from ..errors import see
 
 if TYPE_CHECKING:
-    from .accelerator import Accelerator
+    from ..accelerator import Accelerator
 
 __all__ = ["current", "current_or_none", "set_current", "gather_object", "broadcast_object_list", "gather", "reduce", "broadcast", "pad_across_processes",
            "release_memory", "find_executable_batch_size"]
