@@ -120,7 +120,7 @@ from typing import Callable, Dict, List, Optional, Set
 from tests.faults import scenarios as fs
 from unified.runtime.preemption import PREEMPTED_EXIT_CODE
 from unified.testing import harness
-from unified.testing.scenarios import ckpt_load_newest
+from unified.testing.checkpoint_scenarios import ckpt_load_newest
 
 ROOT = Path(__file__).resolve().parents[2]
 

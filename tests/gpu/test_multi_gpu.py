@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from unified.testing.harness import run_group
-from unified.testing.scenarios import ckpt_sharded, collectives, identity, start
+from unified.testing.checkpoint_scenarios import ckpt_sharded
+from unified.testing.scenarios import collectives, identity, start
 
 from .conftest import jax_gpus, torch_cuda_devices
 from .gpu_scenarios import sharded_round_trip

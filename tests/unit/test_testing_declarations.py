@@ -14,7 +14,8 @@ from unified.testing import Kit, scenario
 from unified.testing.kit import kit_of
 from unified.testing.plugin import _names
 from unified.testing.scenario import HEALTH_CHANNEL, backend_features, missing_requirements, reference, requirements
-from unified.testing.scenarios import ckpt_async_part_failures, ckpt_sharded, identity
+from unified.testing.checkpoint_scenarios import ckpt_async_part_failures, ckpt_sharded
+from unified.testing.scenarios import identity
 
 
 def test_a_scenario_declares_capabilities_kit_slots_and_sizes():

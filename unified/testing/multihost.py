@@ -29,7 +29,7 @@ from .harness import WORKER_SCRIPT
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
 from .netns import Machines
 from .scenario import reference
-from .scenarios import ckpt_load_newest
+from .checkpoint_scenarios import ckpt_load_newest
 
 PORT = 29400  # every group has namespaces of its own: a fixed port cannot collide
 SLACK_S = 5.0  # "within the timeout plus a few seconds"

@@ -15,7 +15,9 @@ import numpy as np
 from unified import Accelerator
 from unified.testing.scenario import scenario
 
-from .scenarios import CountingDataset, _shared
+from .data_scenarios import CountingDataset
+
+from .scenarios import _shared
 
 EXTRAS = {"datasets": "data", "grain": "data", "torchdata": "torchdata"}  # module -> the extra that installs it
 HF_SHARDS = 6  # divides by 2 and 3: every process reads whole shards of its own
