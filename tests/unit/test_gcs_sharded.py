@@ -13,7 +13,8 @@ from unified.backend.registry import available_backends
 from unified.testing.harness import run_group
 from unified.testing.object_store import gcs_server, missing_gcs_packages
 from unified.testing.scenario import missing_requirements
-from unified.testing.sharding_scenarios import shard_store_load_from_2, shard_store_round_trip, shard_train_and_save
+from unified.testing.sharded_store_scenarios import shard_store_load_from_2, shard_store_round_trip
+from unified.testing.sharding_scenarios import shard_train_and_save
 from unified.testing.storage_scenarios import STORE_VARIABLE
 
 pytestmark = pytest.mark.skipif(missing_gcs_packages() is not None, reason=str(missing_gcs_packages()))
