@@ -78,13 +78,48 @@ import warnings
 from typing import Any, Callable, Dict, List
 
 from benchmarks import plot
-from benchmarks.checkpointing import (MEMORY_ANON, MEMORY_RSS, Phases, async_contender, clean, contender,
-                                      dcp_contender, jax_arrays,
-                                      jax_leaves, jax_objects, jax_probe, orbax_contenders, path_rounds, patched,
-                                      raw_limit, read_files, stored_bytes, torch_arrays, torch_objects, torch_probe,
-                                      torch_tensors)
-from benchmarks.runner import (GB, MB, PartFailed, PeakMemory, Run, beyond, cells, clocked, emit, interleaved, log,
-                               measured, module, print_command, run_part, table, timed)
+from benchmarks.checkpointing import (
+    MEMORY_ANON,
+    MEMORY_RSS,
+    Phases,
+    async_contender,
+    clean,
+    contender,
+    dcp_contender,
+    jax_arrays,
+    jax_leaves,
+    jax_objects,
+    jax_probe,
+    orbax_contenders,
+    patched,
+    path_rounds,
+    raw_limit,
+    read_files,
+    stored_bytes,
+    torch_arrays,
+    torch_objects,
+    torch_probe,
+    torch_tensors,
+)
+from benchmarks.runner import (
+    GB,
+    MB,
+    PartFailed,
+    PeakMemory,
+    Run,
+    beyond,
+    cells,
+    clocked,
+    emit,
+    interleaved,
+    log,
+    measured,
+    module,
+    print_command,
+    run_part,
+    table,
+    timed,
+)
 from unified.runtime.environment import IN_PLACE_VARIABLE
 
 TARGETS = {  # from the issue: (operation, minimum speed-up of ours over the baseline)

@@ -39,7 +39,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from benchmarks import plot
-from benchmarks.runner import emit, interleaved, main_launched, table as markdown_table
+from benchmarks.runner import emit, interleaved, main_launched
+from benchmarks.runner import table as markdown_table
 
 RAW_TIMEOUT_S = 1800.0  # same as the Accelerator's default timeout
 

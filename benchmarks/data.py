@@ -84,6 +84,7 @@ def _ms(seconds: float) -> str:
 def bench_map_skip(n: int, acc: Any, hf: Any) -> List[Dict[str, Any]]:
     import accelerate
     import torch
+
     import unified
 
     rows = []
@@ -204,6 +205,7 @@ def _interleave(variants: Dict[str, Callable[[], Iterator[Any]]], rounds: int, b
 
 def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[str, List[float]]:
     import torch
+
     import unified
 
     bsz = 64
@@ -233,6 +235,7 @@ def bench_overhead_torch(acc: Any, hf: Any, rounds: int, batches: int) -> Dict[s
 def jax_worker(rounds: int, batches: int) -> None:
     import jax
     import jax.numpy as jnp
+
     import unified
 
     acc = unified.Accelerator(backend="jax")
@@ -333,6 +336,7 @@ def main() -> None:
 
     import accelerate
     import torch
+
     import unified
 
     print_command()

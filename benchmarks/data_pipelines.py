@@ -69,10 +69,9 @@ def reads_per_process() -> str:
     from datasets.distributed import split_dataset_by_node
 
     import unified
+    from backends.common import _reader_stream
     from unified.data import PreparedIterableLoader, default_collate
     from unified.data.streams import HuggingFaceStream
-
-    from backends.common import _reader_stream
 
     class Plain:
         """A stream with no shards nor state (any iterable): every process reads it whole."""

@@ -46,10 +46,30 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from benchmarks.checkpointing import (async_save, contender, jax_probe, nnx_stack, orbax_contenders, path_rounds,
-                                      read_into, torch_probe, write_files)
-from benchmarks.runner import (ROOT, PartFailed, PeakMemory, cells, command, emit, environment, module, print_command,
-                               run_part, table)
+from benchmarks.checkpointing import (
+    async_save,
+    contender,
+    jax_probe,
+    nnx_stack,
+    orbax_contenders,
+    path_rounds,
+    read_into,
+    torch_probe,
+    write_files,
+)
+from benchmarks.runner import (
+    ROOT,
+    PartFailed,
+    PeakMemory,
+    cells,
+    command,
+    emit,
+    environment,
+    module,
+    print_command,
+    run_part,
+    table,
+)
 from unified.runtime.environment import IN_PLACE_VARIABLE
 
 TEST_TIMEOUT_S = 240

@@ -39,7 +39,8 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from benchmarks import plot
-from benchmarks.runner import cells, emit, interleaved, main_launched, table as markdown_table
+from benchmarks.runner import cells, emit, interleaved, main_launched
+from benchmarks.runner import table as markdown_table
 
 FEATURES, HIDDEN, BATCH = 256, 512, 64  # BATCH rows per process and micro-batch
 

@@ -88,11 +88,40 @@ import tempfile
 from typing import Any, Callable, Dict, List, Tuple
 
 from benchmarks import plot
-from benchmarks.checkpointing import (Phases, bucket, clean, contender, dcp_contender, jax_leaves, jax_objects,
-                                      jax_probe, join, orbax_contenders, path_rounds, raw_limit, remove,
-                                      s3_server, stored_bytes, torch_objects, torch_probe, torch_tensors)
-from benchmarks.runner import (GB, PeakMemory, Run, beyond, cells, emit, interleaved, log, measured, print_command,
-                               run_launched, table)
+from benchmarks.checkpointing import (
+    Phases,
+    bucket,
+    clean,
+    contender,
+    dcp_contender,
+    jax_leaves,
+    jax_objects,
+    jax_probe,
+    join,
+    orbax_contenders,
+    path_rounds,
+    raw_limit,
+    remove,
+    s3_server,
+    stored_bytes,
+    torch_objects,
+    torch_probe,
+    torch_tensors,
+)
+from benchmarks.runner import (
+    GB,
+    PeakMemory,
+    Run,
+    beyond,
+    cells,
+    emit,
+    interleaved,
+    log,
+    measured,
+    print_command,
+    run_launched,
+    table,
+)
 
 PICTURE = str(plot.image("sharded_checkpoint"))
 STORE_PICTURE = str(plot.image("sharded_store_checkpoint"))

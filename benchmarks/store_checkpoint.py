@@ -47,9 +47,24 @@ import sys
 import warnings
 from typing import Any, Callable, Dict, List
 
-from benchmarks.checkpointing import (MEMORY_RSS, async_contender, bucket, contender, dcp_contender, jax_arrays,
-                                      jax_leaves, jax_objects, jax_probe, path_rounds, raw_limit, s3_server,
-                                      torch_arrays, torch_objects, torch_probe, torch_tensors)
+from benchmarks.checkpointing import (
+    MEMORY_RSS,
+    async_contender,
+    bucket,
+    contender,
+    dcp_contender,
+    jax_arrays,
+    jax_leaves,
+    jax_objects,
+    jax_probe,
+    path_rounds,
+    raw_limit,
+    s3_server,
+    torch_arrays,
+    torch_objects,
+    torch_probe,
+    torch_tensors,
+)
 from benchmarks.runner import GB, PartFailed, cells, emit, environment, log, module, print_command, run_part, table
 from unified.runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 

@@ -16,6 +16,7 @@ import signal
 
 import numpy as np
 from safetensors.numpy import load_file
+
 from unified import Accelerator, ProjectConfiguration, tqdm
 
 FEATURES, HIDDEN, ROWS = 8, 64, 2048

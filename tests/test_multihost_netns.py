@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import BACKENDS
 from unified.testing.multihost import launch, resumed_by_hand, run_fault, run_machine_loss
 from unified.testing.multihost_scenarios import mh_normal
 from unified.testing.netns import Machines, unavailable
+
+from .conftest import BACKENDS
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not BACKENDS, reason="neither torch nor jax is installed")]

@@ -8,18 +8,29 @@ Example:
     >>> accelerator = Accelerator()
     >>> accelerator.print("process", accelerator.process_index, "of", accelerator.num_processes)
 """
+from . import utils
 from .accelerator import Accelerator
 from .backend import Backend
 from .backend.registry import available_backends
+from .compat.kwargs_handlers import (
+                     AutocastKwargs,
+                     DistributedDataParallelKwargs,
+                     GradScalerKwargs,
+                     InitProcessGroupKwargs,
+)
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration
 from .data import DataLoader, skip_first_batches
-from .training.sharding import FullyShardedDataParallelPlugin
+from .errors import (
+                     BackendUnavailable,
+                     BarrierTimeout,
+                     CheckpointError,
+                     DistributedError,
+                     MissingCapability,
+                     UnifiedError,
+)
 from .logging import get_logger, tqdm
-from .errors import (BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, MissingCapability,
-                     UnifiedError)
-from .compat.kwargs_handlers import AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs
 from .runtime.preemption import PREEMPTED_EXIT_CODE
-from . import utils
+from .training.sharding import FullyShardedDataParallelPlugin
 
 __version__ = "0.1.0"
 

@@ -4,30 +4,30 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .backend import Autograd, Backend, DeviceMesh, ShardedTraining, TrainingLoop, TrainingObjects, require
-from .runtime.collectives import Collectives
-from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
-from .runtime.environment import restart_count
-from .checkpoint.asynchronous import AsyncSave
-from .checkpoint.manager import CheckpointManager, Entry
-from .checkpoint.files import save_arrays, save_arrays_gathered
-from .data import prepare_loader, skip_first_batches
-from .errors import CheckpointError, see
-from .compat.kwargs_handlers import options_of, resolve_handlers
-from .compat.operations import set_current
-from .training.metrics import Metrics
-from .runtime.preemption import SignalFlag, resolve_handle_preemption, resolve_preemption_signals
-from .backend.registry import create_backend, resolve_backend_name
-from .runtime.rng import set_seed
-from .training.sharding import FullyShardedDataParallelPlugin
-from .compat.surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
-from .training.loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
-from .tracking.registry import TrackerSet
-from .runtime.watchdog import Watchdog
 from .api.checkpointing import Checkpointing
 from .api.jobs import JobControl
 from .api.tracking import Tracking
 from .api.training import TrainingLoopCalls
+from .backend import Autograd, Backend, DeviceMesh, ShardedTraining, TrainingLoop, TrainingObjects, require
+from .backend.registry import create_backend, resolve_backend_name
+from .checkpoint.asynchronous import AsyncSave
+from .checkpoint.files import save_arrays, save_arrays_gathered
+from .checkpoint.manager import CheckpointManager, Entry
+from .compat.kwargs_handlers import options_of, resolve_handlers
+from .compat.operations import set_current
+from .compat.surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
+from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
+from .data import prepare_loader, skip_first_batches
+from .errors import CheckpointError, see
+from .runtime.collectives import Collectives
+from .runtime.environment import restart_count
+from .runtime.preemption import SignalFlag, resolve_handle_preemption, resolve_preemption_signals
+from .runtime.rng import set_seed
+from .runtime.watchdog import Watchdog
+from .tracking.registry import TrackerSet
+from .training.loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
+from .training.metrics import Metrics
+from .training.sharding import FullyShardedDataParallelPlugin
 
 __all__ = ["Accelerator"]
 

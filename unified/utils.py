@@ -4,12 +4,25 @@ import contextlib
 import os
 from typing import Any, Iterator
 
+from .compat.kwargs_handlers import (
+    AutocastKwargs,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+)
+from .compat.operations import (
+    broadcast,
+    broadcast_object_list,
+    find_executable_batch_size,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    release_memory,
+)
 from .config import DataLoaderConfiguration, DistributedType, GradientAccumulationPlugin, ProjectConfiguration
-from .compat.kwargs_handlers import (AutocastKwargs, DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs,
-                              KwargsHandler)
 from .logging import tqdm
-from .compat.operations import (broadcast, broadcast_object_list, find_executable_batch_size, gather, gather_object,
-                         pad_across_processes, reduce, release_memory)
 from .runtime.rng import set_seed
 from .tracking import LoggerType
 

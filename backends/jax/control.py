@@ -33,8 +33,8 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from unified.backend.toolkit import timeout_error
-from unified.runtime.environment import ProcessEnvironment
 from unified.errors import DistributedError, see
+from unified.runtime.environment import ProcessEnvironment
 
 __all__ = ["JaxControlPlane"]
 

@@ -23,19 +23,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from unified.backend.toolkit import keep_alive_forever, next_instance
 from unified.backend import ArrayCollectives, Backend, DeviceMesh, KeyStream, Replaceable, TrainingObjects
-from unified.runtime.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
+from unified.backend.toolkit import keep_alive_forever, next_instance
 from unified.errors import DistributedError, see
+from unified.runtime.environment import ProcessEnvironment, cluster_local_process, local_device_share, visible_gpus
 from unified.runtime.libc import return_free_heap
 from unified.runtime.network import route_to
 
-from .tensors import check_like, host_copy, is_global, is_key, local_value, place, reshard, shares_memory
 from . import private
 from .control import JaxControlPlane, _Caller
 from .data import JaxData
 from .loop import JaxTrainingLoop
 from .sharding import JaxSharding
+from .tensors import check_like, host_copy, is_global, is_key, local_value, place, reshard, shares_memory
 
 _PREFIX = "unified/"
 

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from unified.backend.toolkit import next_instance
 from unified.backend import ArrayCollectives, Autograd, Backend, Replaceable, TrainingObjects, WriteGuards
-from unified.runtime.environment import ProcessEnvironment
+from unified.backend.toolkit import next_instance
 from unified.errors import see
+from unified.runtime.environment import ProcessEnvironment
 from unified.runtime.network import route_to
 
 from . import private

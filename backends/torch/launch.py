@@ -8,10 +8,10 @@ import re
 import sys
 from typing import Dict, List, Optional
 
-from unified.runtime.environment import ProcessEnvironment
+from unified.launcher.parent_watch import PARENT_VARIABLE, watched
 from unified.launcher.plan import VERBOSE_VARIABLE, Launcher, LaunchPlan
 from unified.launcher.processes import Worker
-from unified.launcher.parent_watch import PARENT_VARIABLE, watched
+from unified.runtime.environment import ProcessEnvironment
 
 
 class TorchrunLauncher(Launcher):

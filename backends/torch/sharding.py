@@ -174,8 +174,11 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         """Model/optimizer state through torch's distributed state-dict API (names as keys,
         DTensor values), or whole arrays with ``state_dict_type="FULL_STATE_DICT"``; ``None``
         for objects it does not handle."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         full = self._fsdp_plugin.state_dict_type == "FULL_STATE_DICT" and self.num_processes > 1
         if kind == "model":
@@ -197,8 +200,11 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
     def sharded_load_state_into(self, kind: str, obj: Any, state: Any) -> bool:
         """Restore what `sharded_state_of` gave; False for objects it does not handle."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         full = self._fsdp_plugin.state_dict_type == "FULL_STATE_DICT" and self.num_processes > 1
         options = StateDictOptions(full_state_dict=full, strict=True)

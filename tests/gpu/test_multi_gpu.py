@@ -4,13 +4,13 @@ with its GPU client (an array split over the GPUs through Orbax, sharded NNX tra
 with the reason on fewer GPUs (NCCL refuses two processes on one GPU)."""
 from __future__ import annotations
 
-import pytest
-
 import os
 from pathlib import Path
 
-from unified.testing.harness import run_group
+import pytest
+
 from unified.testing.checkpoint_scenarios import ckpt_sharded
+from unified.testing.harness import run_group
 from unified.testing.scenarios import collectives, identity, start
 
 from .conftest import jax_gpus, torch_cuda_devices

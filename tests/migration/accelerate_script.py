@@ -15,10 +15,9 @@ import hashlib
 import os
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser(description="small Accelerate regression")
 parser.add_argument("--project-dir", default="runs/accelerate_script")

@@ -26,11 +26,10 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [ROOT]
 
-from unified.testing.kit import make_training  # noqa: E402
-
 from unified import Accelerator, CheckpointError  # noqa: E402
 from unified.checkpoint import manager as manager_module  # noqa: E402
 from unified.checkpoint import safetensors_io  # noqa: E402
+from unified.testing.kit import make_training  # noqa: E402
 
 
 def fingerprint(acc) -> str:

@@ -261,8 +261,12 @@ def test_gradient_accumulation_plugin_and_features_not_in_use_in_the_constructor
 def test_kwargs_handlers_are_checked_against_the_backend():
     import datetime
 
-    from unified.compat.kwargs_handlers import (AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs,
-                                         resolve_handlers)
+    from unified.compat.kwargs_handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        InitProcessGroupKwargs,
+        resolve_handlers,
+    )
 
     assert DistributedDataParallelKwargs(find_unused_parameters=True).to_kwargs() == {"find_unused_parameters": True}
     from unified import Accelerator

@@ -9,9 +9,9 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from unified.backend import Backend, KeyStream
-from unified.runtime.environment import ProcessEnvironment
-from unified.errors import InvalidBackend
 from unified.backend.registry import _DEFAULTS, check_backend_class
+from unified.errors import InvalidBackend
+from unified.runtime.environment import ProcessEnvironment
 
 ROOT = Path(__file__).resolve().parents[2]
 # Backend names and the frameworks behind them: only the registry's default entries may say them.

@@ -7,7 +7,6 @@ import shutil
 import tempfile
 
 import numpy as np
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 pytest.importorskip("jax")
-from backends.jax.control import _Caller, _NoAnswer, _current_core_function  # noqa: E402
+from backends.jax.control import _Caller, _current_core_function, _NoAnswer  # noqa: E402
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
 

@@ -15,7 +15,6 @@ import pytest
 from unified.checkpoint import safetensors_io
 from unified.checkpoint.store import ObjectStore, location_of
 from unified.errors import CheckpointError
-
 from unified.testing.object_store import gcs_server, missing_gcs_packages, missing_store_packages, s3_server
 
 pytestmark = pytest.mark.skipif(missing_store_packages() is not None, reason=str(missing_store_packages()))

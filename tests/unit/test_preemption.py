@@ -15,8 +15,14 @@ import pytest
 import unified
 from unified.launcher import launch as launch_module
 from unified.launcher.processes import Worker, run_group
-from unified.runtime.preemption import (HANDLE_VARIABLE, PREEMPTED_EXIT_CODE, STATUS_DIR_VARIABLE, read_statuses,
-                                record_status, resolve_handle_preemption)
+from unified.runtime.preemption import (
+    HANDLE_VARIABLE,
+    PREEMPTED_EXIT_CODE,
+    STATUS_DIR_VARIABLE,
+    read_statuses,
+    record_status,
+    resolve_handle_preemption,
+)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals")
 

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-from unified.errors import BackendUnavailable
 from unified.backend.registry import available_backends, backend_spec, load_object
+from unified.errors import BackendUnavailable
 
 PROBED = [name for name in available_backends() if backend_spec(name).private_apis]
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")

@@ -10,8 +10,20 @@ import time
 import pytest
 
 from unified.launcher.job_secret import JobKey
-from unified.launcher.rendezvous import (DONE, FAILED, FINISHED, GAVE_UP, LEAVES, RESTART, SIGNATURE_HEADER, STOPPED, Rendezvous,
-                                RendezvousClient, RendezvousLost, RendezvousServer)
+from unified.launcher.rendezvous import (
+    DONE,
+    FAILED,
+    FINISHED,
+    GAVE_UP,
+    LEAVES,
+    RESTART,
+    SIGNATURE_HEADER,
+    STOPPED,
+    Rendezvous,
+    RendezvousClient,
+    RendezvousLost,
+    RendezvousServer,
+)
 
 KEY = JobKey("test secret of the rendezvous tests, 0123456789abcdef")
 

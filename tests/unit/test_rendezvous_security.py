@@ -11,8 +11,16 @@ import time
 import pytest
 
 from unified.launcher.job_secret import JobKey, job_key
-from unified.launcher.rendezvous import (FAILED, MAX_BODY_BYTES, REQUEST_SECONDS, SIGNATURE_HEADER, Rendezvous, RendezvousClient,
-                                RendezvousRefused, RendezvousServer)
+from unified.launcher.rendezvous import (
+    FAILED,
+    MAX_BODY_BYTES,
+    REQUEST_SECONDS,
+    SIGNATURE_HEADER,
+    Rendezvous,
+    RendezvousClient,
+    RendezvousRefused,
+    RendezvousServer,
+)
 
 KEY = JobKey("the job's secret for the security tests 0123456789")
 STRANGER = JobKey("a stranger's guess at the secret, 0123456789abcdef")

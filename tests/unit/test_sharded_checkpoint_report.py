@@ -1,8 +1,7 @@
 """The report of benchmarks/sharded_checkpoint.py from a made-up result of its process groups: a
 round's time is its slowest process's, the goal column compares ours with the raw contenders only,
 and every table renders (the report runs only after a long benchmark: a slip there loses the run)."""
-from benchmarks import runner
-from benchmarks import sharded_checkpoint
+from benchmarks import runner, sharded_checkpoint
 
 
 def _script():

@@ -11,10 +11,10 @@ import pytest
 
 import unified.backend.registry as registry
 from unified.testing import Kit, scenario
+from unified.testing.checkpoint_scenarios import ckpt_async_part_failures, ckpt_sharded
 from unified.testing.kit import kit_of
 from unified.testing.plugin import _names
 from unified.testing.scenario import HEALTH_CHANNEL, backend_features, missing_requirements, reference, requirements
-from unified.testing.checkpoint_scenarios import ckpt_async_part_failures, ckpt_sharded
 from unified.testing.scenarios import identity
 
 

@@ -10,7 +10,6 @@ from ..checkpoint.asynchronous import AsyncSave
 from ..errors import CheckpointError, RegistrationError, see
 
 
-
 class Checkpointing:
     """Mixed into `unified.Accelerator`: uses its backend, collectives and state."""
 

@@ -8,11 +8,9 @@ import sys
 import warnings
 from typing import Any, Callable, Optional, TypeVar
 
+from ..compat.surface import only_if
 from ..errors import see
 from ..runtime.preemption import PREEMPTED_EXIT_CODE, record_status
-from ..compat.surface import only_if
-
-
 
 F = TypeVar("F", bound=Callable[..., Any])
 

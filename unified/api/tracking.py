@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 
-
-
 class Tracking:
     """Mixed into `unified.Accelerator`: uses its backend, collectives and state."""
 

@@ -9,7 +9,6 @@ from ..backend import KeyStream, TrainingLoop, require
 from ..training.loop import resolve_accumulation_steps
 
 
-
 class TrainingLoopCalls:
     """Mixed into `unified.Accelerator`: uses its backend, collectives and state."""
 

@@ -10,10 +10,29 @@ suite that certifies a backend is `unified.testing`. See docs/adding-a-backend.m
 Example:
     >>> from unified.backend import Backend, TrainingObjects, BackendSpec
 """
-from .capabilities import (CAPABILITIES, ArrayCollectives, Autograd, Backend, DeferredArray, DeviceMesh, Exported,
-                           FileHashes, ForeignLoaders, KeyStream, Replaceable, ShardedArrays, ShardedTraining,
-                           ShardedWrite, TrainingLoop, TrainingObjects, WriteGuards, HealthChannel, capabilities_of,
-                           check_backend_class, require)
+from .capabilities import (
+                           CAPABILITIES,
+                           ArrayCollectives,
+                           Autograd,
+                           Backend,
+                           DeferredArray,
+                           DeviceMesh,
+                           Exported,
+                           FileHashes,
+                           ForeignLoaders,
+                           HealthChannel,
+                           KeyStream,
+                           Replaceable,
+                           ShardedArrays,
+                           ShardedTraining,
+                           ShardedWrite,
+                           TrainingLoop,
+                           TrainingObjects,
+                           WriteGuards,
+                           capabilities_of,
+                           check_backend_class,
+                           require,
+)
 from .registry import BackendSpec, available_backends, backend_names, backend_spec
 
 __all__ = ["Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives", "ShardedArrays",

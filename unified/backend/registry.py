@@ -24,9 +24,9 @@ import importlib.util
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .capabilities import Backend, check_backend_class
-from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE
 from ..errors import BackendUnavailable, InvalidBackend, see
+from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE
+from .capabilities import Backend, check_backend_class
 
 __all__ = ["BackendSpec", "ENTRY_POINT_GROUP", "available_backends", "backend_names", "backend_spec",
            "resolve_backend_name", "create_backend", "load_object"]

@@ -21,15 +21,15 @@ import itertools
 from typing import Any, Optional, Sequence
 
 from ..checkpoint.safetensors_io import DTYPE_NAMES, export_numpy, numpy_dtype, safetensors_dtype
-from ..runtime.environment import ProcessEnvironment
 from ..errors import BackendUnavailable, BarrierTimeout, CheckpointError, DistributedError, first_line, see
+from ..launcher.parent_watch import PARENT_VARIABLE, watched
+from ..launcher.plan import Launcher, LaunchPlan
+from ..launcher.processes import Worker
+from ..runtime.environment import ProcessEnvironment
 from ..runtime.libc import return_free_heap
 from ..runtime.network import route_to
-from ..launcher.parent_watch import PARENT_VARIABLE, watched
-from ..launcher.plan import LaunchPlan, Launcher
-from ..launcher.processes import Worker
-from .registry import BackendSpec
 from ..runtime.watchdog import CHANNEL_KINDS
+from .registry import BackendSpec
 
 __all__ = ["BackendSpec", "ProcessEnvironment", "Launcher", "LaunchPlan", "Worker", "PARENT_VARIABLE", "watched",
            "DTYPE_NAMES", "export_numpy", "numpy_dtype", "safetensors_dtype", "CHANNEL_KINDS", "route_to",

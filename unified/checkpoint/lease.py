@@ -44,8 +44,8 @@ import time
 import warnings
 from typing import Any, Dict, Optional, Tuple
 
-from ..runtime.environment import run_identity
 from ..errors import CheckpointError, see
+from ..runtime.environment import run_identity
 
 LEASE_NAME = "unified-lease.json"
 LEASE_VARIABLE = "UNIFIED_STORE_LEASE_SECONDS"  # the term of a lease (default 120 s)

@@ -18,8 +18,8 @@ import tempfile
 import threading
 import time
 import uuid
-import zlib
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
 
@@ -27,8 +27,8 @@ import numpy as np
 
 from ..backend import Backend, DeferredArray, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
-from ..runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..errors import TROUBLESHOOTING, CheckpointError, failure_reason, see
+from ..runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
 from ..runtime.rng import capture_host_rng, restore_host_rng
 from ..runtime.watchdog import CHANNEL_KINDS
 from . import codec, layout, lease, lock, safetensors_io
@@ -37,8 +37,8 @@ from .safetensors_io import verify_file
 from .store import Folder, ObjectStore, StoreError, location_of
 
 if TYPE_CHECKING:
-    from ..runtime.collectives import Collectives
     from ..config import ProjectConfiguration
+    from ..runtime.collectives import Collectives
 
 
 def _tree(root: str, sub: str) -> List[str]:

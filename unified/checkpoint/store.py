@@ -33,8 +33,15 @@ import xxhash
 from ..config import is_url
 from ..errors import CheckpointError, see
 from . import layout, safetensors_io
-from .manifest import (MANIFEST, MAX_MANIFEST_BYTES, check_manifest, manifest_bytes, parse_manifest_json,
-                       read_manifest, write_manifest)
+from .manifest import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    check_manifest,
+    manifest_bytes,
+    parse_manifest_json,
+    read_manifest,
+    write_manifest,
+)
 
 _HEAD_BYTES = 1 << 20  # what `ObjectStore.verify` keeps of an object's first bytes: its header, usually
 PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds

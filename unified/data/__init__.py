@@ -27,8 +27,14 @@ The package, by concern (each module imports only those above it):
 It runs in every worker.
 """
 from .layout import BatchLayout, resume_position
-from .loaders import (DataLoader, PreparedDataLoader, PreparedIterableLoader, default_collate, prepare_loader,
-                      skip_first_batches)
+from .loaders import (
+                      DataLoader,
+                      PreparedDataLoader,
+                      PreparedIterableLoader,
+                      default_collate,
+                      prepare_loader,
+                      skip_first_batches,
+)
 from .orders import OrderSource, ShuffledOrder
 from .samplers import BatchSampledLoader, SampledLoader
 

@@ -8,8 +8,6 @@ import dataclasses
 from typing import Any, Callable, Iterator, Protocol, Tuple
 
 
-
-
 class Placement(Protocol):
     """What a prepared loader needs of a backend: its place in the group and batch placement."""
 

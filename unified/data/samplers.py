@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-
 from ..errors import see
 from .layout import BatchLayout, Placement, resume_position
 from .loaders import PreparedDataLoader

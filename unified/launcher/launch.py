@@ -17,18 +17,26 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .job_secret import SECRET_VARIABLE, job_key
-from ..runtime.environment import RESTART_VARIABLE, RUN_VARIABLE, run_identity
-from ..errors import see
-from ..runtime.preemption import (SIGNALS_VARIABLE, resolve_preemption_signals, signal_names)
-from . import rendezvous as together
-from .rendezvous import (BEAT_S, HEARTBEAT_TIMEOUT_S, MIN_HEARTBEAT_TIMEOUT_S, Layout, Rendezvous, RendezvousClient,
-                         RendezvousLost, RendezvousServer, free_port_everywhere)
 from ..backend.registry import backend_names, backend_spec, load_object, resolve_backend_name
+from ..errors import see
+from ..runtime.environment import RESTART_VARIABLE, RUN_VARIABLE, run_identity
+from ..runtime.preemption import SIGNALS_VARIABLE, resolve_preemption_signals, signal_names
 from ..training.loop import PRECISION_VARIABLE, PRECISIONS
-
-from .plan import VERBOSE_VARIABLE, LaunchPlan, Launcher
-from .processes import (GRACE_PERIOD_SECONDS, RESTARTABLE, FINISHED, Spares, run_group_outcome, note)
+from . import rendezvous as together
+from .job_secret import SECRET_VARIABLE, job_key
+from .plan import VERBOSE_VARIABLE, Launcher, LaunchPlan
+from .processes import FINISHED, GRACE_PERIOD_SECONDS, RESTARTABLE, Spares, note, run_group_outcome
+from .rendezvous import (
+    BEAT_S,
+    HEARTBEAT_TIMEOUT_S,
+    MIN_HEARTBEAT_TIMEOUT_S,
+    Layout,
+    Rendezvous,
+    RendezvousClient,
+    RendezvousLost,
+    RendezvousServer,
+    free_port_everywhere,
+)
 
 __all__ = ["build_parser", "parse_launch_args", "launch", "main", "free_port"]
 

@@ -11,9 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
 from ..logging import PROGRESS_INTERVAL
-
+from ..runtime.environment import BACKEND_VARIABLE, LAUNCHER_BACKEND_VARIABLE, ProcessEnvironment
 from .processes import Worker
 
 __all__ = ["LaunchPlan", "Launcher", "VERBOSE_VARIABLE", "PROGRESS_ENV"]

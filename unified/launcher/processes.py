@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from ..errors import see
+from ..runtime.preemption import PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses
 from .parent_watch import PARENT_VARIABLE, watched
-from ..runtime.preemption import (PREEMPTED_EXIT_CODE, PREEMPTION_SIGNALS, STATUS_DIR_VARIABLE, read_statuses)
-
 
 __all__ = ["Worker", "Spares", "ProcessGroup", "run_group", "run_group_outcome", "stop_processes", "RESTARTABLE"]
 

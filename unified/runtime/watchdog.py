@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Callable, Dict, Optional, TypeVar
 
-from ..errors import first_line, see
 from ..backend import HealthChannel
+from ..errors import first_line, see
 from .preemption import record_status
 
 __all__ = ["CHANNEL_KINDS", "HealthChannel", "Watchdog"]

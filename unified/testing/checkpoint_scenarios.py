@@ -562,8 +562,10 @@ def ckpt_async_part_failures(state: dict) -> dict:
     group's health channel, not from the marker file it would otherwise wait for until the timeout."""
     import errno
 
+    from unified.checkpoint import manager as manager_module
+    from unified.checkpoint import store as store_module
+
     from .training import make
-    from unified.checkpoint import manager as manager_module, store as store_module
 
     acc = Accelerator(timeout=60, seed=3)
     state["acc"] = acc

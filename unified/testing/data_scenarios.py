@@ -223,9 +223,8 @@ def tracking(state: dict) -> dict:
     end_training closes the runs. The parent reads the files back (unified/testing/tracker_files.py)."""
     import sys
 
-    from unified.tracking import available_trackers
-
     from unified.backend.registry import backend_names, backend_spec
+    from unified.tracking import available_trackers
 
     names = available_trackers()
     acc = Accelerator(timeout=60, log_with=names or None, project_dir=_shared("tracking"))

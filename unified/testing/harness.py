@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from unified.runtime.environment import BACKEND_VARIABLE, IN_PLACE_VARIABLE
+from unified.backend.registry import backend_spec, load_object
+from unified.launcher.launch import free_port
 from unified.launcher.plan import Launcher, LaunchPlan
 from unified.launcher.processes import ProcessGroup, Worker
-from unified.launcher.launch import free_port
-from unified.backend.registry import backend_spec, load_object
+from unified.runtime.environment import BACKEND_VARIABLE, IN_PLACE_VARIABLE
 
 from .scenario import missing_requirements, reference, requirements
 

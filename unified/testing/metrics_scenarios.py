@@ -15,8 +15,8 @@ from unified.testing.scenario import scenario
 from .data_scenarios import CountingDataset, Stream, _rows
 
 # (samples, batch size per process): uneven over processes and batches, a last batch smaller than
-
 from .scenarios import _shared
+
 # the batch size, an evaluation set smaller than one global batch, and one that divides evenly.
 EVAL_SIZES = [(10, 3), (7, 2), (5, 4), (12, 2)]
 

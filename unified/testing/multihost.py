@@ -25,11 +25,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 from unified.launcher.job_secret import SECRET_VARIABLE
 from unified.launcher.processes import ProcessGroup, Worker
 
+from .checkpoint_scenarios import ckpt_load_newest
 from .harness import WORKER_SCRIPT
 from .multihost_scenarios import mh_barrier_loop, mh_save_loop
 from .netns import Machines
 from .scenario import reference
-from .checkpoint_scenarios import ckpt_load_newest
 
 PORT = 29400  # every group has namespaces of its own: a fixed port cannot collide
 SLACK_S = 5.0  # "within the timeout plus a few seconds"

@@ -16,7 +16,6 @@ from unified import Accelerator
 from unified.testing.scenario import scenario
 
 from .data_scenarios import CountingDataset
-
 from .scenarios import _shared
 
 EXTRAS = {"datasets": "data", "grain": "data", "torchdata": "torchdata"}  # module -> the extra that installs it

@@ -87,7 +87,8 @@ def _window_setup(backend: str):
     from unified.backend import TrainingLoop
     from unified.backend.registry import backend_spec, load_object
 
-    from .loop_scenarios import _loader, _setup as loop_setup
+    from .loop_scenarios import _loader
+    from .loop_scenarios import _setup as loop_setup
 
     if not issubclass(load_object(backend_spec(backend).backend), TrainingLoop):
         return None

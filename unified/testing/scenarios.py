@@ -16,7 +16,6 @@ import unified
 from unified import Accelerator
 from unified.testing.scenario import scenario
 
-
 SLOW_MAIN_S = 0.4
 
 

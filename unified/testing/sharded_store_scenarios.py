@@ -8,14 +8,27 @@ import shutil
 import time
 from typing import Any, Dict, Optional
 
-
 import unified
 from unified import Accelerator
 from unified.testing.scenario import scenario
 
-
-from .sharding_scenarios import _sharded_dir_name, _counting_deferred_makes, _store_root, NEEDS, STEPS, _counting_unpickles, _equal, _expected, _load_and_continue, _shard_files, _sharded_dir, _shared, _start, _train, _write_expected
-
+from .sharding_scenarios import (
+    NEEDS,
+    STEPS,
+    _counting_deferred_makes,
+    _counting_unpickles,
+    _equal,
+    _expected,
+    _load_and_continue,
+    _shard_files,
+    _sharded_dir,
+    _sharded_dir_name,
+    _shared,
+    _start,
+    _store_root,
+    _train,
+    _write_expected,
+)
 
 # -- on an object store ------------------------------------------------------------------------------------
 

@@ -16,8 +16,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from unified.runtime.environment import ProcessEnvironment
 from unified.backend.registry import load_object
+from unified.runtime.environment import ProcessEnvironment
 from unified.testing.scenario import requirements
 
 

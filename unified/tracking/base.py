@@ -11,7 +11,6 @@ import logging
 import sys
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-
 from ..errors import UnifiedError, see
 from ..runtime.rng import capture_host_rng, restore_host_rng
 

@@ -6,9 +6,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
-
-
-from .base import GeneralTracker, warn_not_logged, logger
+from .base import GeneralTracker, logger, warn_not_logged
 
 
 class MLflowTracker(GeneralTracker):

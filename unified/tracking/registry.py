@@ -13,12 +13,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import numpy as np
 
 from ..errors import see
-
-from .base import GeneralTracker, NoOpTracker, TrackerUnavailable, EXTRA, random_streams_untouched, logger
-from .tensorboard_tracker import TensorBoardTracker
+from .base import EXTRA, GeneralTracker, NoOpTracker, TrackerUnavailable, logger, random_streams_untouched
 from .mlflow_tracker import MLflowTracker
+from .tensorboard_tracker import TensorBoardTracker
 from .wandb_tracker import WandBTracker
-
 
 TRACKERS: Dict[str, type] = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker, "wandb": WandBTracker}
 _BUILT_IN = dict(TRACKERS)

@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Union
 
-
-
 from .base import GeneralTracker, import_alone, warn_not_logged
 
 

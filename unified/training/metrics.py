@@ -24,11 +24,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..checkpoint.safetensors_io import export_numpy, numpy_dtype
 from ..backend import ShardedArrays
-from ..runtime.collectives import Collectives
+from ..checkpoint.safetensors_io import export_numpy, numpy_dtype
 from ..data import BatchLayout
 from ..errors import see
+from ..runtime.collectives import Collectives
 from ..runtime.tree import flatten
 
 __all__ = ["ActiveLoaders", "Metrics"]

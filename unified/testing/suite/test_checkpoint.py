@@ -9,9 +9,23 @@ import shutil
 
 import pytest
 
+from ..checkpoint_scenarios import (
+    ckpt_async_edits,
+    ckpt_async_part_failures,
+    ckpt_commit_failures,
+    ckpt_damaged,
+    ckpt_explicit_dir,
+    ckpt_first_run,
+    ckpt_load_newest,
+    ckpt_mismatch,
+    ckpt_resume_run,
+    ckpt_save_for_damage,
+    ckpt_save_loop,
+    ckpt_sharded,
+    ckpt_snapshot_failure,
+)
 from ..harness import Runs, run_group
 from ..kit import backend_class
-from ..checkpoint_scenarios import (ckpt_async_edits, ckpt_async_part_failures, ckpt_commit_failures, ckpt_damaged, ckpt_explicit_dir, ckpt_first_run, ckpt_load_newest, ckpt_mismatch, ckpt_resume_run, ckpt_save_for_damage, ckpt_save_loop, ckpt_sharded, ckpt_snapshot_failure)
 from ..scenarios import start
 
 pytestmark = pytest.mark.multiprocess

@@ -9,12 +9,29 @@ import pytest
 
 from unified.tracking import available_trackers
 
+from ..data_scenarios import (
+    TRACKED_STEPS,
+    data_epochs,
+    data_iterable,
+    data_load_other_count,
+    data_resume,
+    data_save_for_other_count,
+    data_skip,
+    data_torch_workers,
+    tracking,
+)
 from ..harness import run_group
-from ..tracker_files import READER_MODULES, READERS
-from ..pipeline_scenarios import (HF_SHARDS, TORCH_STREAM, hf_total, pipeline_grain, pipeline_hf_stream, pipeline_torch_stream,
-                                  pipeline_torchdata)
-from ..data_scenarios import (TRACKED_STEPS, data_epochs, data_iterable, data_load_other_count, data_resume, data_save_for_other_count, data_skip, data_torch_workers, tracking)
+from ..pipeline_scenarios import (
+    HF_SHARDS,
+    TORCH_STREAM,
+    hf_total,
+    pipeline_grain,
+    pipeline_hf_stream,
+    pipeline_torch_stream,
+    pipeline_torchdata,
+)
 from ..scenarios import start
+from ..tracker_files import READER_MODULES, READERS
 
 pytestmark = pytest.mark.multiprocess
 SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable,

@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from ..harness import run_group
-from ..metrics_scenarios import EVAL_SIZES, _lengths, metrics_iterable, metrics_objects_and_nesting, metrics_pad, metrics_torch_loader, metrics_unified_loader, sampler_epochs, sampler_resume
+from ..metrics_scenarios import (
+    EVAL_SIZES,
+    _lengths,
+    metrics_iterable,
+    metrics_objects_and_nesting,
+    metrics_pad,
+    metrics_torch_loader,
+    metrics_unified_loader,
+    sampler_epochs,
+    sampler_resume,
+)
 from ..scenarios import start
 
 pytestmark = pytest.mark.multiprocess

@@ -25,10 +25,8 @@ from typing import Dict, List
 
 import pytest
 
-
 import unified
 from unified.testing.plugin import selected_backends
-
 
 pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals and /proc")]

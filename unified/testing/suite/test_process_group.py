@@ -9,7 +9,19 @@ import pytest
 
 from ..harness import launch_group, run_group
 from ..kit import distributed_type, has_health_channel
-from ..scenarios import (start, barrier_order, collectives, dead_at_barrier, identity, local_main_first_order, main_first_exception, main_first_order, stuck_at_barrier, trigger, trigger_late_peer)
+from ..scenarios import (
+    barrier_order,
+    collectives,
+    dead_at_barrier,
+    identity,
+    local_main_first_order,
+    main_first_exception,
+    main_first_order,
+    start,
+    stuck_at_barrier,
+    trigger,
+    trigger_late_peer,
+)
 
 SCENARIOS = [start, identity, barrier_order, main_first_order, local_main_first_order,
              trigger, trigger_late_peer, collectives, main_first_exception]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ..harness import run_group
-from ..scenario import backend_features
 from ..resize_scenarios import resize_load_1, resize_load_2, resize_load_3, resize_save_2
+from ..scenario import backend_features
 
 pytestmark = pytest.mark.multiprocess
 

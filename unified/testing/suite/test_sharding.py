@@ -14,15 +14,24 @@ from types import SimpleNamespace
 
 import pytest
 
-from ..harness import run_group
-from ..scenario import missing_requirements
-from ..object_store import missing_store_packages, s3_server
-from ..sharded_store_scenarios import shard_damaged, shard_store_load_from_2, shard_store_round_trip
-from ..sharding_scenarios import (OPTIMIZER_FIRST, shard_async_save, shard_killed_mid_save, shard_load_from_2,
-                                  shard_load_from_3, shard_mixed_precision_and_accumulation, shard_resume_after_kill,
-                                  shard_store_killed_mid_save, shard_store_resume_after_kill, shard_train_and_save)
-from ..storage_scenarios import STORE_VARIABLE
 from ...runtime.environment import RUN_VARIABLE
+from ..harness import run_group
+from ..object_store import missing_store_packages, s3_server
+from ..scenario import missing_requirements
+from ..sharded_store_scenarios import shard_damaged, shard_store_load_from_2, shard_store_round_trip
+from ..sharding_scenarios import (
+    OPTIMIZER_FIRST,
+    shard_async_save,
+    shard_killed_mid_save,
+    shard_load_from_2,
+    shard_load_from_3,
+    shard_mixed_precision_and_accumulation,
+    shard_resume_after_kill,
+    shard_store_killed_mid_save,
+    shard_store_resume_after_kill,
+    shard_train_and_save,
+)
+from ..storage_scenarios import STORE_VARIABLE
 
 pytestmark = pytest.mark.multiprocess
 DEADLINE = 300.0

@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from ..harness import run_group
-from ..loop_scenarios import CLIP_GRADS
-from ..loop_scenarios import loop_start, loop_accumulation, loop_clipping, loop_mixed_precision, loop_resume_mid_window
+from ..loop_scenarios import (
+    CLIP_GRADS,
+    loop_accumulation,
+    loop_clipping,
+    loop_mixed_precision,
+    loop_resume_mid_window,
+    loop_start,
+)
 
 pytestmark = pytest.mark.multiprocess
 SCENARIOS = [loop_start, loop_accumulation, loop_mixed_precision, loop_clipping, loop_resume_mid_window]
