@@ -43,8 +43,9 @@ since fresh pages cost time).
 Fairness (`runner.interleaved`): one untimed warm-up round of every contender first, Python's
 garbage collected before every timing; in each repeat the contenders run in a rotated order;
 each contender's save is followed by its load, then its directory is deleted and ``os.sync()``
-is called (outside the timings) so that no contender pays for another's dirty pages. Every load is checked: a parameter is changed after the save and must
-come back. Medians over ``--repeats``.
+is called (outside the timings) so that no contender pays for another's dirty pages. Every load
+is checked: a parameter is changed after the save and must come back. Medians over
+``--repeats``.
 
 Profile: after the timed rounds, ``--profile-passes`` more saves and loads of ours run phase by
 phase through the internals of ``unified.checkpoint.manager`` (snapshot, per-file
@@ -53,17 +54,18 @@ phase through the internals of ``unified.checkpoint.manager`` (snapshot, per-fil
 reported. The xxh3 share of the write is measured by hashing the same in-memory buffers.
 
 Load comparison (``--load-rounds N``, ``--resume-rounds N``; with ``--repeats 0
---profile-passes 0`` only they run): ours saves once, then N interleaved rounds (rotated order) time three loads of the same checkpoint:
-the raw read limit (one ``readinto`` per file into warm memory of its size, nothing verified or
-restored), our ``load_state``, and our ``load_state`` with the reader it had before issue 11
-finding 4 (files mapped and hashed over the mapping; torch optimizer moments copied into the
-existing tensors), kept in this script only as that reference. Min, median, max and spread.
-``--resume-rounds`` times the same loads each in a fresh process that has just built its objects
-(torch: AdamW before its first step, so without moments), as a resuming script does, and on
-torch Accelerate's ``load_state`` too: the one load a run really does, where the memory the load
-fills is fresh for every contender but the raw limit (whose buffers are touched before the
-timing), and where no contender reuses memory another one just freed (in one process, the
-allocator hands memory freed by one contender's load to the next one's).
+--profile-passes 0`` only they run): ours saves once, then N interleaved rounds (rotated order)
+time three loads of the same checkpoint: the raw read limit (one ``readinto`` per file into warm
+memory of its size, nothing verified or restored), our ``load_state``, and our ``load_state``
+with the reader it had before issue 11 finding 4 (files mapped and hashed over the mapping;
+torch optimizer moments copied into the existing tensors), kept in this script only as that
+reference. Min, median, max and spread. ``--resume-rounds`` times the same loads each in a fresh
+process that has just built its objects (torch: AdamW before its first step, so without
+moments), as a resuming script does, and on torch Accelerate's ``load_state`` too: the one load
+a run really does, where the memory the load fills is fresh for every contender but the raw
+limit (whose buffers are touched before the timing), and where no contender reuses memory
+another one just freed (in one process, the allocator hands memory freed by one contender's load
+to the next one's).
 """
 from __future__ import annotations
 
@@ -163,7 +165,8 @@ def _profile(accelerator: Any, directory: str, probe: Any) -> Dict[str, float]:
     raws = [raw for arrays in snap.files.values() for (_, _, raw) in arrays.values()]
     seconds["save: [info] xxh3 of the same bytes in memory"] = timed(lambda: [xxhash.xxh3_64(memoryview(r)).digest()
                                                                                for r in raws])
-    seconds["save: [info] snapshot(detach=True) (async blocking part)"] = timed(lambda: manager.snapshot(0, detach=True))
+    seconds["save: [info] snapshot(detach=True) (async blocking part)"] = timed(
+        lambda: manager.snapshot(0, detach=True))
     del snap
     raws.clear()
     names = [e.name for e in manager.entries] + [f"rng_{backend.process_index}"]
@@ -176,11 +179,13 @@ def _profile(accelerator: Any, directory: str, probe: Any) -> Dict[str, float]:
             arrays = step("load: safetensors_io.read (private memory, hashed as read, parsed)", safetensors_io.read,
                           os.path.join(directory, f"{name}.safetensors"), info["size"], info["xxh3"])
             convert = backend.from_numpy if not name.startswith("rng_") else (lambda a: a)
-            decoded[name] = step(f"load: codec.decode {name}", codec.decode, manifest["structures"][name], arrays, convert)
+            decoded[name] = step(f"load: codec.decode {name}", codec.decode, manifest["structures"][name], arrays,
+                                 convert)
         for entry in manager.entries:
             step(f"load: set_state {entry.name}", entry.set_state, decoded[entry.name])
         # as CheckpointManager._read gives it for the same process count (see resolve_rng otherwise)
-        step("load: RNG restore", manager._restore_rng, {**decoded[names[-1]], "derived": {}, "differing": []}, manifest)
+        step("load: RNG restore", manager._restore_rng, {**decoded[names[-1]], "derived": {}, "differing": []},
+             manifest)
 
     probe.mutate()
     _, seconds["load: total (sum of the above)"] = clocked(load)
@@ -405,7 +410,8 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
                   "raw": raw_limit(lambda: jax_arrays(model, optimizer))}
     try:
         return _measure(args, "jax", contenders, ours, probe, patched, state_bytes=state_bytes, layers=layers,
-                        versions={"jax": jax.__version__, "flax": flax.__version__, "orbax-checkpoint": ocp.__version__})
+                        versions={"jax": jax.__version__, "flax": flax.__version__,
+                                  "orbax-checkpoint": ocp.__version__})
     finally:
         close()
 
@@ -426,13 +432,14 @@ def _load_table(results: List[Dict[str, Any]], key: str) -> List[str]:
         limit = statistics.median(loads["samples"]["raw readinto (limit)"])
         peaks = loads.get("peaks", {})
         for name, values in loads["samples"].items():
-            peak = f"{statistics.median(peaks[name]) / MB:,.0f} ({max(peaks[name]) / MB:,.0f})" if peaks.get(name) else "-"
+            peak = (f"{statistics.median(peaks[name]) / MB:,.0f} ({max(peaks[name]) / MB:,.0f})" if peaks.get(name)
+                    else "-")
             rows.append([f"{res['framework']} ({loads['bytes'] / GB:.2f} GB)", name, len(values),
                          *cells(values, "min median max spread ratio", limit, ratio_digits=2), peak])
         rows.append(["", "samples (s)", json.dumps({n: [round(x, 3) for x in v] for n, v in loads["samples"].items()}),
                      "", "", "", "", "", ""])
-    header = ["framework", "load of", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)", "median / limit",
-              "peak RSS beyond the live state, median (max), MB"]
+    header = ["framework", "load of", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)",
+              "median / limit", "peak RSS beyond the live state, median (max), MB"]
     return table(header, "llrrrrrrr", rows).splitlines() if rows else []
 
 
@@ -442,7 +449,8 @@ def _side_by_side(res: Dict[str, Any]) -> List[str]:
     memory round)."""
     samples, memory = res["samples"], res.get("memory", {})
     names = [n for n in ("ours", "accelerate", "orbax", "orbax_uncompressed", "dcp", "raw") if n in samples]
-    limit = {op: statistics.median(samples["raw"][op]) for op in ("save_state", "load_state")} if "raw" in samples else {}
+    limit = ({op: statistics.median(samples["raw"][op]) for op in ("save_state", "load_state")} if "raw" in samples
+             else {})
     rows = []
     for name in names:
         row = [res["framework"], NAMES[name]]
@@ -450,7 +458,8 @@ def _side_by_side(res: Dict[str, Any]) -> List[str]:
             row += cells(samples[name][op], "median min-max ratio" if limit else "median min-max", limit.get(op),
                          ratio_digits=2) + ([] if limit else ["-"])
         for key in (MEMORY_RSS, MEMORY_ANON):
-            row.append(" / ".join(f"{memory.get(name, {}).get(f'{op} {key}', 0) / MB:,.0f}" for op in ("save_state", "load_state")))
+            row.append(" / ".join(f"{memory.get(name, {}).get(f'{op} {key}', 0) / MB:,.0f}"
+                                  for op in ("save_state", "load_state")))
         rows.append(row)
     header = ["framework", "contender", "save median (s)", "save min-max", "save / limit", "load median (s)",
               "load min-max", "load / limit", "peak RSS beyond the live state, save / load (MB)",
@@ -473,14 +482,16 @@ def picture(results: List[Dict[str, Any]]) -> None:
             if op == "save_state" and "async blocking" in samples.get("ours_async", {}):
                 group["ours, save_state(async_save=True): blocking part"] = samples["ours_async"]["async blocking"]
     if any(rounds.values()):
-        plot.draw(plot.image("checkpoint"), "save_state / load_state: ours, Accelerate and torch DCP (torch), Orbax (JAX), the raw limit",
+        plot.draw(plot.image("checkpoint"),
+                  "save_state / load_state: ours, Accelerate and torch DCP (torch), Orbax (JAX), the raw limit",
                   "seconds", rounds)
     for key, part, what in (("loads", "loads", "repeated in one process"),
                             ("resume", "resume", "each in a fresh process (a resume)")):
         loads = {f"{res['framework']} ({res[key]['bytes'] / GB:.2f} GB)": res[key]["samples"]
                  for res in results if res.get(key)}
         if loads:
-            plot.draw(plot.image("checkpoint", part), f"load_state against the raw read limit, {what}", "seconds", loads)
+            plot.draw(plot.image("checkpoint", part), f"load_state against the raw read limit, {what}", "seconds",
+                      loads)
 
 
 def report(results: List[Dict[str, Any]]) -> str:
@@ -500,18 +511,22 @@ def report(results: List[Dict[str, Any]]) -> str:
                 ours, base = med["ours"][op], med["orbax_uncompressed"][op]
                 rows.append([fw, f"{op} (info: vs orbax PyTreeCheckpointHandler(use_compression=False))", f"{ours:.3f}",
                              f"{base:.3f}", _speedup(ours, base), "", ""])
-        block, wait, sync = med["ours_async"]["async blocking"], med["ours_async"]["async wait"], med["ours"]["save_state"]
+        block, wait, sync = (med["ours_async"]["async blocking"], med["ours_async"]["async wait"],
+                             med["ours"]["save_state"])
         rows.append([fw, "save_state(async_save=True) blocking (vs our sync save)", f"{block:.3f}", f"{sync:.3f}",
-                     f"{block / sync:.1%} of sync", f"<= {ASYNC_TARGET:.0%}", "yes" if block / sync <= ASYNC_TARGET else "NO"])
+                     f"{block / sync:.1%} of sync", f"<= {ASYNC_TARGET:.0%}",
+                     "yes" if block / sync <= ASYNC_TARGET else "NO"])
         rows.append([fw, "wait_for_checkpoint after it", f"{wait:.3f}", "", "", "", ""])
         gb = res["state_bytes"] / GB
         extra.append(f"\n{fw}: {res['layers']} x Linear({res['hidden']}, {res['hidden']}), state {gb:.3f} GB; "
                      f"versions {res['versions']}")
         extra += table(["contender", "files", "bytes on disk (apparent)", "allocated", "save GB/s (median)",
                         "load GB/s (median)", "save min (s)", "load min (s)"], "lrrrrrrr",
-                       [[name, d["files"], f"{d['apparent']:,}", f"{d['allocated']:,}", f"{gb / med[name]['save_state']:.2f}",
-                         f"{gb / med[name]['load_state']:.2f}", f"{min(s['save_state']):.3f}", f"{min(s['load_state']):.3f}"]
-                        for name in [n for n in ("ours", base_name, "orbax_uncompressed", "dcp", "raw") if n in res["disk"]]
+                       [[name, d["files"], f"{d['apparent']:,}", f"{d['allocated']:,}",
+                         f"{gb / med[name]['save_state']:.2f}", f"{gb / med[name]['load_state']:.2f}",
+                         f"{min(s['save_state']):.3f}", f"{min(s['load_state']):.3f}"]
+                        for name in [n for n in ("ours", base_name, "orbax_uncompressed", "dcp", "raw")
+                                     if n in res["disk"]]
                         for d, s in [(res["disk"][name], res["samples"][name])]]).splitlines()
         extra.append("samples (s): " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in s.items()}
                                                    for n, s in res["samples"].items()}))
@@ -521,9 +536,10 @@ def report(results: List[Dict[str, Any]]) -> str:
         extra += _side_by_side(res)
     for res in results:
         if res.get("profile"):
-            extra.append(f"\n{res['framework']}: profile of ours (phase by phase; minimum of each phase over the profile "
-                         "passes, seconds)")
-            extra += table(["phase", "s"], "lr", [[phase, f"{s:.3f}"] for phase, s in res["profile"].items()]).splitlines()
+            extra.append(f"\n{res['framework']}: profile of ours (phase by phase; minimum of each phase over the "
+                         "profile passes, seconds)")
+            extra += table(["phase", "s"], "lr",
+                           [[phase, f"{s:.3f}"] for phase, s in res["profile"].items()]).splitlines()
     loads = _load_table(results, "loads")
     if loads:
         extra += ["\nload_state against the raw read limit and the reader before issue 11 finding 4, repeated in "
@@ -559,7 +575,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-gb", type=float, default=1.5, help="model + optimizer state per framework (GB)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a new temporary directory)")
+    parser.add_argument("--dir", default=None,
+                        help="where checkpoints are written (default: a new temporary directory)")
     parser.add_argument("--hidden", type=int, default=2048, help="width of each Linear layer")
     parser.add_argument("--parts", default="torch,jax")
     parser.add_argument("--profile-passes", type=int, default=2, help="phase profile passes (minimum per phase)")
@@ -570,7 +587,8 @@ def main() -> None:
     parser.add_argument("--read-chunk-mib", type=int, default=None,
                         help="load_state's read chunk (MiB; unified's default 16), to measure the choice")
     parser.add_argument("--readers", type=int, default=None,
-                        help="load_state's reader threads per file (unified's default: min(4, CPUs)), to measure the choice")
+                        help="load_state's reader threads per file (unified's default: min(4, CPUs)), "
+                             "to measure the choice")
     parser.add_argument("--part", choices=["torch", "jax"], help=argparse.SUPPRESS)
     parser.add_argument("--save-to", help=argparse.SUPPRESS)
     parser.add_argument("--resume-from", help=argparse.SUPPRESS)

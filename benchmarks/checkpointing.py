@@ -245,7 +245,8 @@ def orbax_contenders(objects: Mapping[str, Any], probe: Any = None, **options: A
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target))))
 
     def load_standard(path: str) -> None:
-        update(standard.restore(os.path.abspath(path), jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state())))
+        update(standard.restore(os.path.abspath(path),
+                                jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, state())))
 
     return ({"orbax": contender(save(standard), load_standard, probe, **options),
              "orbax_uncompressed": contender(save(uncompressed), load_uncompressed, probe, **options)},
@@ -378,7 +379,8 @@ class Phases:
         return value
 
     def timing(self, targets: Iterable[Tuple[Any, str, str]]) -> Any:
-        return patched(*((obj, attr, functools.partial(self.run, label, getattr(obj, attr))) for obj, attr, label in targets))
+        return patched(*((obj, attr, functools.partial(self.run, label, getattr(obj, attr)))
+                         for obj, attr, label in targets))
 
 
 # -- files, folders and store prefixes ------------------------------------------------------------------

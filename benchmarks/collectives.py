@@ -25,8 +25,9 @@ What is compared:
   all-reduce (one int32 per process via ``jax.make_array_from_process_local_data`` on
   ``Mesh(np.array(jax.devices()), ("data",))`` summed by a jitted function). The other "info"
   rows are the options for a one-round-trip trigger, each by hand: a raw barrier through the
-  backend's caller thread (and through one that is not kept on its caller's core), the device psum on a thread with a deadline, ``key_value_increment``
-  + a blocking get, the flag barrier with a flag set, and ours with the trigger set.
+  backend's caller thread (and through one that is not kept on its caller's core), the device
+  psum on a thread with a deadline, ``key_value_increment`` + a blocking get, the flag barrier
+  with a flag set, and ours with the trigger set.
 """
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ def _jax_pairs(accelerator) -> Dict[str, Dict[str, Callable[[], object]]]:
     return {
         "wait_for_everyone": {"ours": accelerator.wait_for_everyone, "raw": raw_barrier,
                               "info: raw barrier through the caller thread": raw_barrier_bounded,
-                              "info: the same, caller thread not kept on the caller's core": raw_barrier_bounded_elsewhere},
+                              "info: the same, caller thread not kept on the caller's core":
+                                  raw_barrier_bounded_elsewhere},
         "check_trigger": {"ours": accelerator.check_trigger, "raw": raw_barrier,
                           "info: raw barrier + key_value_dir_get (the two-trip protocol)": raw_barrier_dir_get,
                           "info: raw device psum (jit)": raw_psum,
@@ -245,17 +247,19 @@ def show(results: List[dict], picture: bool) -> None:
     min-max would only show the machine's hiccups)."""
     print(table(results))
     if picture and results:
-        samples = {f"{r['backend']} {row['operation']}": {name: s["block_medians_us"] for name, s in row["stats"].items()}
+        samples = {f"{r['backend']} {row['operation']}": {name: s["block_medians_us"]
+                                                          for name, s in row["stats"].items()}
                    for r in results for row in r["rows"]}
-        plot.draw(plot.image("collectives"), f"per-call latency, {results[0]['num_processes']} processes", "µs per call",
-                  samples, note=f"a run = the median of a block of {results[0]['block']} calls")
+        plot.draw(plot.image("collectives"), f"per-call latency, {results[0]['num_processes']} processes",
+                  "µs per call", samples, note=f"a run = the median of a block of {results[0]['block']} calls")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     return main_launched(__doc__, argv, __file__, worker, {"iters": (2000, "timed calls per variant"),
                                                            "block": (50, "calls per interleaved block"),
                                                            "warmup": (100, "untimed calls per variant first")}, 300.0,
-                         lambda r: f"{r['num_processes']} processes, {r['iters']} calls per variant (blocks of {r['block']})",
+                         lambda r: f"{r['num_processes']} processes, {r['iters']} calls per variant "
+                                   f"(blocks of {r['block']})",
                          show)
 
 

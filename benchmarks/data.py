@@ -158,9 +158,11 @@ def bench_iterable_skip(acc: Any, hf: Any) -> List[Dict[str, Any]]:
                  "dataset": {"next": skip * 8}}  # what save_state records after 1,000 batches
         stateful = StatefulStream(100_000)
         loader = acc.prepare(torch.utils.data.DataLoader(stateful, batch_size=8))
-        batch, total = clocked(lambda: (loader.load_state_dict(saved), next(iter(acc.skip_first_batches(loader, skip))))[1])
+        batch, total = clocked(lambda: (loader.load_state_dict(saved),
+                                        next(iter(acc.skip_first_batches(loader, skip))))[1])
         rows.append(dict(who="ours, stream with `state_dict` (resumed by `load_state`)", total=total,
-                         calls=stateful.read, detail=f"resumed from the dataset's state; first batch starts at item {int(batch[0])}"))
+                         calls=stateful.read,
+                         detail=f"resumed from the dataset's state; first batch starts at item {int(batch[0])}"))
     except NotImplementedError as err:
         rows.append(dict(who="ours", total=None, calls=None,
                          detail=f"not supported yet (`NotImplementedError`: {str(err).split(';')[0]})"))
@@ -301,7 +303,8 @@ def _overhead_table(times: Dict[str, List[List[float]]], batches: int, baseline:
     b_steady, _, b_total = stats[baseline]
     rows = [[name, f"{steady * 1e6:,.1f}", f"{start * 1e3:,.2f}", f"{total * 1e6:,.1f}",
              "—" if name == baseline else f"{(steady / b_steady - 1) * 100:+.1f}%",
-             "—" if name == baseline else f"{(total / b_total - 1) * 100:+.1f}%"] for name, (steady, start, total) in stats.items()]
+             "—" if name == baseline else f"{(total / b_total - 1) * 100:+.1f}%"]
+            for name, (steady, start, total) in stats.items()]
     return table(["loader", "steady state per batch (µs)", "epoch start (ms)", "per batch incl. epoch start (µs)",
                   "overhead vs plain (steady)", "overhead vs plain (incl. start)"], "lrrrrr", rows)
 
@@ -352,7 +355,8 @@ def main() -> None:
     rows = []
     for n in (BATCH * (SKIP + 1_000), args.skip_samples):
         for row in bench_map_skip(n, acc, hf):
-            skips.setdefault(f"{n:,} samples ({row['left']:,} batches left)", {})[_label(row["who"])] = [row["total"] * 1e3]
+            skips.setdefault(f"{n:,} samples ({row['left']:,} batches left)", {})[_label(row["who"])] = [
+                row["total"] * 1e3]
             loaded = row["calls"] - (2 * BATCH if row["who"].startswith("Accelerate") else BATCH)
             rows.append([f"{n:,} ({row['left']:,})", row["who"], _ms(row["total"]), row["calls"], loaded,
                          row["detail"] + ("" if row["correct"] else "; WRONG FIRST BATCH")])

@@ -16,12 +16,12 @@ Prints three markdown tables (docs/benchmarks/data-pipelines.md holds a run of t
    not; and ours over a stream that is not a ``datasets`` one without workers (read whole by
    every process, as Accelerate does).
 2. Resume at position ``--position`` (time from a fresh loader to its first batch, one process,
-   ``--rounds`` rounds, min / median / max; `runner.interleaved`, no warm-up): for a torchdata ``StatefulDataLoader(shuffle=True)``
-   over map-style data, a ``datasets`` stream and a Grain ``DataLoader``: ours (a fresh
-   Accelerator, ``prepare``, ``load_state`` of a checkpoint taken there, first batch), the
-   library's own state (``load_state_dict`` / ``set_state``, first batch), and Accelerate's
-   ``skip_first_batches`` on the same loader (torch loaders; Grain: reading and dropping, which is
-   what skipping a loader without state is).
+   ``--rounds`` rounds, min / median / max; `runner.interleaved`, no warm-up): for a torchdata
+   ``StatefulDataLoader(shuffle=True)`` over map-style data, a ``datasets`` stream and a Grain
+   ``DataLoader``: ours (a fresh Accelerator, ``prepare``, ``load_state`` of a checkpoint taken
+   there, first batch), the library's own state (``load_state_dict`` / ``set_state``, first
+   batch), and Accelerate's ``skip_first_batches`` on the same loader (torch loaders; Grain:
+   reading and dropping, which is what skipping a loader without state is).
 3. Per-batch cost of a prepared loader against the same library loader alone (one process,
    ``--batches`` batches of 32 rows, workers on where the library has them; rounds alternate
    the order, no warm-up): medians of per-epoch time, ratio ours / alone (goal: within 1.03x), and peak RSS.
@@ -60,7 +60,8 @@ def generate(shards: List[int]):
 def hf_stream(shards: int = SHARDS):
     import datasets
 
-    return datasets.IterableDataset.from_generator(generate, gen_kwargs={"shards": list(range(shards))}).with_format("numpy")
+    return datasets.IterableDataset.from_generator(generate,
+                                                   gen_kwargs={"shards": list(range(shards))}).with_format("numpy")
 
 
 def reads_per_process() -> str:
@@ -172,8 +173,9 @@ def resume_times(position: int, rounds: int, folder: str) -> str:
         return grain.DataLoader(data_source=data, sampler=sampler, operations=[grain.transforms.Batch(batch_size=1)])
 
     rows = []
-    for name, make in (("torchdata StatefulDataLoader", torchdata_loader), ("datasets stream", stream_loader),
-                       ("Grain DataLoader", grain_loader)):
+
+    def measure(name, make):
+        """One loader's rows: resumed by ours, by its own state, by its peer."""
         target = os.path.join(folder, name.replace(" ", "_"))
         acc = unified.Accelerator(backend="torch", seed=0)
         prepared = acc.prepare(make())
@@ -223,6 +225,10 @@ def resume_times(position: int, rounds: int, folder: str) -> str:
         reference = statistics.median(measured["library state"])
         for who, values in measured.items():
             rows.append([name, who, *cells(values, "min median max ratio", reference, scale=1e3, digits=1)])
+
+    for name, make in (("torchdata StatefulDataLoader", torchdata_loader), ("datasets stream", stream_loader),
+                       ("Grain DataLoader", grain_loader)):
+        measure(name, make)
     return table(["loader", "resume by", "min (ms)", "median", "max", "median / library state"], "llrrrr", rows)
 
 
@@ -236,7 +242,8 @@ def hf_stream_long(size: int):
             for i in range(per):
                 yield {"x": s * per + i}
 
-    return datasets.IterableDataset.from_generator(long_shards, gen_kwargs={"shards": list(range(8))}).with_format("numpy")
+    return datasets.IterableDataset.from_generator(long_shards,
+                                                   gen_kwargs={"shards": list(range(8))}).with_format("numpy")
 
 
 def per_batch_cost(batches: int, rounds: int) -> str:
@@ -256,15 +263,19 @@ def per_batch_cost(batches: int, rounds: int) -> str:
     def stream():
         import datasets
 
-        return datasets.IterableDataset.from_generator(vectors, gen_kwargs={"shards": list(range(8))}).with_format("numpy")
+        return datasets.IterableDataset.from_generator(vectors,
+                                                       gen_kwargs={"shards": list(range(8))}).with_format("numpy")
 
     def grain_loader():
         sampler = grain.samplers.IndexSampler(num_records=len(data), shuffle=True, num_epochs=1, seed=0)
-        return grain.DataLoader(data_source=data, sampler=sampler, operations=[grain.transforms.Batch(batch_size=rows_per)])
+        return grain.DataLoader(data_source=data, sampler=sampler,
+                                operations=[grain.transforms.Batch(batch_size=rows_per)])
 
     cases = {
-        "torchdata StatefulDataLoader, 2 workers": lambda: StatefulDataLoader(data, batch_size=rows_per, shuffle=True, num_workers=2),
-        "datasets stream, StatefulDataLoader 2 workers": lambda: StatefulDataLoader(stream(), batch_size=rows_per, num_workers=2),
+        "torchdata StatefulDataLoader, 2 workers":
+            lambda: StatefulDataLoader(data, batch_size=rows_per, shuffle=True, num_workers=2),
+        "datasets stream, StatefulDataLoader 2 workers":
+            lambda: StatefulDataLoader(stream(), batch_size=rows_per, num_workers=2),
         "Grain DataLoader": grain_loader,
     }
     def epoch(make: Callable[[], Any], prepared: bool) -> Callable[[], float]:

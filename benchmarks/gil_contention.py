@@ -8,13 +8,14 @@ Run from the repository root (one process, JAX on CPU, about 30 s):
 
 The step and data are those of benchmarks/prefetch.py (a 512-wide MLP, batch 256, samples as
 dicts of NumPy rows). After a warm-up pass of each, each round times one pass of ``--batches``
-steps over pre-placed arrays for every variant, in order (`runner.interleaved`): the step alone; with a thread that collates batches (256
-``__getitem__`` calls and ``np.stack``) back to back, 0.5 ms apart; with one that only places
-ready NumPy batches (``jax.device_put``); with one doing both. Then, for information, each part
-alone: the step's call until it returns (Python in ``nnx.jit`` and the dispatch), the collate,
-the placement. ``--switch-interval`` sets ``sys.setswitchinterval`` first (CPython's default:
-0.005 s). Prints min, median, max and the median against the step alone (ms per step), and
-draws every round in docs/benchmarks/img/gil-contention.png (``--no-picture``: not).
+steps over pre-placed arrays for every variant, in order (`runner.interleaved`): the step alone;
+with a thread that collates batches (256 ``__getitem__`` calls and ``np.stack``) back to back,
+0.5 ms apart; with one that only places ready NumPy batches (``jax.device_put``); with one doing
+both. Then, for information, each part alone: the step's call until it returns (Python in
+``nnx.jit`` and the dispatch), the collate, the placement. ``--switch-interval`` sets
+``sys.setswitchinterval`` first (CPython's default: 0.005 s). Prints min, median, max and the
+median against the step alone (ms per step), and draws every round in
+docs/benchmarks/img/gil-contention.png (``--no-picture``: not).
 """
 from __future__ import annotations
 
@@ -101,9 +102,11 @@ def main() -> None:
     }, args.rounds, rotate=False)
     print(f"jax {jax.__version__}, {count} steps of batch {size} x {dim}, {args.rounds} rounds, "
           f"switch interval {sys.getswitchinterval():g} s (ms per step)")
-    print(per_step(times, count, "step alone", "min median max ratio", "median / step alone", None if args.no_picture else (
-        "gil-contention", f"a jitted step beside a Python thread, {count} steps of batch {size} x {dim}",
-        f"switch interval {sys.getswitchinterval():g} s")))
+    print(per_step(times, count, "step alone", "min median max ratio", "median / step alone",
+                   None if args.no_picture else (
+                       "gil-contention",
+                       f"a jitted step beside a Python thread, {count} steps of batch {size} x {dim}",
+                       f"switch interval {sys.getswitchinterval():g} s")))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ The job (benchmarks/goodput_job.py): ``--steps`` steps of a small torch update p
 "compute", a checkpoint every 10 steps, the same for both. Each round runs every runner once
 without faults (its step time and its fresh start: launch to first step) and once with faults:
 process 1 of the group is killed once the attempt has been stepping for ``--every`` seconds
-(each attempt gets the same productive time; the restart's cost is what the runners differ in). Reported, min / median / max over the rounds:
+(each attempt gets the same productive time; the restart's cost is what the runners differ in).
+Reported, min / median / max over the rounds:
 
 1. Goodput: productive step time (steps x the runner's fault-free median step time) over the
    faulty run's wall time; the number of kills.
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from benchmarks.runner import ROOT, cells, interleaved, log, print_command, table
 
@@ -132,6 +133,11 @@ def restarts(result: Dict[str, Any]) -> List[Dict[str, float]]:
     """Per kill: the phases of the attempt that followed it (the group's slowest process)."""
     events, out = result["events"], []
     kills = result["kills"]
+
+    def when(event: str, after: List[Dict[str, Any]], pids: Set[Any]) -> Optional[float]:
+        ts = [e["t"] for e in after if e["event"] == event and e["pid"] in pids]
+        return max(ts) if len(ts) >= 2 else None
+
     for kill, next_kill in zip(kills, kills[1:] + [float("inf")]):
         # only the attempt this kill started: the events before the next kill (counting a later
         # attempt's start here once made every restart but the last look 4 s slower)
@@ -140,14 +146,9 @@ def restarts(result: Dict[str, Any]) -> List[Dict[str, float]]:
         if not starts:
             continue
         pids = {e["pid"] for e in starts}
-
-        def when(event: str) -> Optional[float]:
-            ts = [e["t"] for e in after if e["event"] == event and e["pid"] in pids]
-            return max(ts) if len(ts) >= 2 else None
-
         first = [min(e["t"] for e in after if e["event"] == "step" and e["pid"] == p)
                  for p in pids if any(e["event"] == "step" and e["pid"] == p for e in after)]
-        spawn, ready, loaded = when("start"), when("ready"), when("loaded")
+        spawn, ready, loaded = when("start", after, pids), when("ready", after, pids), when("loaded", after, pids)
         if None in (spawn, ready, loaded) or len(first) < 2:
             continue
         out.append({"detection, teardown, spawn": spawn - kill, "start-up": ready - spawn, "load": loaded - ready,
@@ -162,8 +163,9 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=4.0, help="seconds of stepping before each kill")
     args = parser.parse_args()
     print_command()
-    measured: Dict[str, Dict[str, List[Any]]] = {r: {"goodput": [], "kills": [], "restarts": [], "fresh": [], "rounds": [],
-                                                     "clean wall": [], "wall": [], "hung": []} for r in RUNNERS}
+    measured: Dict[str, Dict[str, List[Any]]] = {r: {"goodput": [], "kills": [], "restarts": [], "fresh": [],
+                                                     "rounds": [], "clean wall": [], "wall": [], "hung": []}
+                                                 for r in RUNNERS}
     def both_runs(runner: str) -> None:
         """A fault-free run of ``runner``, then one with faults; what each round adds to ``measured``."""
         with tempfile.TemporaryDirectory() as clean_dir, tempfile.TemporaryDirectory() as faulty_dir:
@@ -209,7 +211,8 @@ def main() -> None:
                 rows.append([runner, phase, *cells(values, digits=2)])
         loads = [r["load"] for r in m["restarts"]] or [0.0]
         reference = [f + statistics.median(loads) for f in m["fresh"]]
-        rows.append([runner, "reference: a fresh start (launch -> first step) plus a load", *cells(reference, digits=2)])
+        rows.append([runner, "reference: a fresh start (launch -> first step) plus a load",
+                     *cells(reference, digits=2)])
     print(table(["runner", "phase", "min", "median", "max"], "llrrr", rows))
 
 

@@ -167,7 +167,8 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
         return lambda: torch.cuda.max_memory_allocated(device)
 
     memory = _load_memory(ours, os.path.join(args.dir, "memory"), probe, sync,
-                          lambda: DevicePeak((lambda: torch.cuda.memory_allocated(device)) if cuda else None, reset_peak))
+                          lambda: DevicePeak((lambda: torch.cuda.memory_allocated(device)) if cuda else None,
+                                             reset_peak))
     state_bytes = sum(t.numel() * t.element_size() for t in tensors())
     ours.end_training()
     return {"part": "torch", "device": torch.cuda.get_device_name(0) if cuda else "cpu", "state_gb": state_bytes / 1e9,
@@ -209,7 +210,8 @@ def jax_part(args: argparse.Namespace) -> Dict[str, Any]:
     orbax, close = orbax_contenders({"model": model}, probe, names=NAMES)
     contenders = {"raw copy + write + fsync": contender(
         lambda f: write_files(f, {f"{i}.bin": [np.asarray(leaf)] for i, leaf in enumerate(leaves())}), raw_load, probe,
-        names=NAMES), "unified": _ours(ours, probe, sync), f"orbax {getattr(ocp, '__version__', '')}".strip(): orbax["orbax"]}
+        names=NAMES), "unified": _ours(ours, probe, sync),
+        f"orbax {getattr(ocp, '__version__', '')}".strip(): orbax["orbax"]}
     times = path_rounds(contenders, args.dir, args.repeats)["samples"]
     close()
     stats = jax.devices()[0].memory_stats  # XLA's peak_bytes_in_use cannot be reset: sampled
@@ -247,7 +249,8 @@ class DevicePeak:
     called on entry, resets the framework's own peak and returns how to read it (torch);
     without it ``in_use`` is sampled every 0.5 ms (JAX)."""
 
-    def __init__(self, in_use: Optional[Callable[[], int]], exact: Optional[Callable[[], Callable[[], int]]] = None) -> None:
+    def __init__(self, in_use: Optional[Callable[[], int]],
+                 exact: Optional[Callable[[], Callable[[], int]]] = None) -> None:
         self.in_use, self.exact, self.beyond = in_use, exact, None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -306,12 +309,14 @@ def report(results: List[Dict[str, Any]], tests: str) -> str:
 
 def _run_tests() -> str:
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu")],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                               str(ROOT / "tests" / "gpu")],
                               cwd=str(ROOT), capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"did not finish within {TEST_TIMEOUT_S} s"
     print(done.stdout[-6000:], flush=True)
-    summary = [line for line in done.stdout.splitlines() if " passed" in line or " failed" in line or " skipped" in line]
+    summary = [line for line in done.stdout.splitlines()
+               if " passed" in line or " failed" in line or " skipped" in line]
     return summary[-1].strip("= ") if summary else f"pytest exited {done.returncode}"
 
 
@@ -323,7 +328,8 @@ def main() -> int:
     parser.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder)")
     parser.add_argument("--parts", default="torch,jax")
     parser.add_argument("--doc", default=None, help="also write the table to this markdown file")
-    parser.add_argument("--allow-cpu", action="store_true", help="time on CPU where there is no GPU (checks this script)")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="time on CPU where there is no GPU (checks this script)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--part", choices=["torch", "jax"], help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -345,8 +351,9 @@ def main() -> int:
     results = []
     for part in runnable:
         try:
-            results.append(run_part(module("gpu_check", "--part", part, "--gb", str(args.gb), "--hidden", str(args.hidden),
-                                           "--repeats", str(args.repeats), "--dir", os.path.join(base, part)),
+            results.append(run_part(module("gpu_check", "--part", part, "--gb", str(args.gb),
+                                           "--hidden", str(args.hidden), "--repeats", str(args.repeats),
+                                           "--dir", os.path.join(base, part)),
                                     {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, PART_TIMEOUT_S, quiet=True))
         except PartFailed as failure:
             results.append({"part": part, "error": str(failure)[-1500:]})

@@ -10,8 +10,9 @@ For each backend the script launches itself on 2 processes
 trains its own copy of the same MLP on the same pre-generated batches; a round times
 ``--windows`` accumulation windows of ``--steps`` micro-batches per contender, the contenders'
 order rotating every round (so drift in machine load hits all alike) after one untimed warm-up
-round (`runner.interleaved`: Python's garbage collected and a barrier before every timing). Process 0 prints one JSON line; the parent prints a table of min / median / max seconds
-per micro-step and each median's ratio to the raw loop, and draws them (every round) in
+round (`runner.interleaved`: Python's garbage collected and a barrier before every timing).
+Process 0 prints one JSON line; the parent prints a table of min / median / max seconds per
+micro-step and each median's ratio to the raw loop, and draws them (every round) in
 docs/benchmarks/img/loop.png (``--no-picture``: not).
 
 Contenders:
@@ -159,7 +160,11 @@ def _jax_contenders(steps: int, micro_steps: int) -> tuple:
     replicated = NamedSharding(ours.mesh, PartitionSpec())
 
     def replicate(tree):
-        return jax.tree.map(lambda a: jax.make_array_from_callback(a.shape, replicated, lambda i, h=np.asarray(a): h[i]), tree)
+        def put(a):
+            h = np.asarray(a)
+            return jax.make_array_from_callback(a.shape, replicated, lambda i: h[i])
+
+        return jax.tree.map(put, tree)
 
     raw_model = mlp(jnp.bfloat16)
     raw_opt = nnx.Optimizer(raw_model, optax.MultiSteps(optax.adamw(1e-3), every_k_schedule=steps), wrt=nnx.Param)
@@ -201,7 +206,8 @@ def table(results: List[dict]) -> str:
     for result in results:
         raw = result["stats"]["raw"]["median_s"]
         for name, s in result["stats"].items():
-            rows.append([result["backend"], name, *cells(s["samples"], "min median max ratio", raw, scale=1e3, digits=2)])
+            rows.append([result["backend"], name,
+                         *cells(s["samples"], "min median max ratio", raw, scale=1e3, digits=2)])
     return markdown_table(["backend", "loop", "min (ms/micro-step)", "median", "max", "median / raw"], "llrrrr", rows)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import mmap
 import os
 import shutil
@@ -108,11 +109,12 @@ def main() -> None:
                 "", "| what | min (s) | median (s) | max (s) |", "|---|---:|---:|---:|"]
         for into_warm in (False, True):
             for threads in (1, 2, 3, 4):
-                samples = repeated(lambda: _copy(files, threads, into_warm, warm), args.rounds)
+                samples = repeated(functools.partial(_copy, files, threads, into_warm, warm), args.rounds)
                 where = "warm memory of the files' size" if into_warm else "a small reused buffer"
                 rows.append(_row(f"preadv out of the page cache into {where}, {threads} thread(s)", samples, total))
         for threads in (1, 2):
-            samples = repeated(lambda: run_part(module("machine_limits", "--fresh-touch", str(threads))), args.rounds)
+            command = module("machine_limits", "--fresh-touch", str(threads))
+            samples = repeated(functools.partial(run_part, command), args.rounds)
             rows.append(_row(f"first touch of 1 GiB of fresh memory, {threads} thread(s), fresh process", samples))
         hot = np.random.default_rng(1).integers(0, 255, CHUNK, dtype=np.uint8)
         cold = max(warm, key=lambda array: array.nbytes)
@@ -122,7 +124,8 @@ def main() -> None:
 
         rows.append(_row("xxh3 of 4 MiB in the CPU cache, 64 times", repeated(hash_hot, args.rounds), 64 * CHUNK))
         rows.append(_row("xxh3 of the largest file's bytes in memory",
-                         repeated(lambda: [xxhash.xxh3_64(memoryview(cold)).digest()].clear(), args.rounds), cold.nbytes))
+                         repeated(lambda: [xxhash.xxh3_64(memoryview(cold)).digest()].clear(), args.rounds),
+                         cold.nbytes))
         print("\n".join(rows))
     finally:
         if not args.dir:

@@ -6,15 +6,16 @@ Run from the repository root (one process, JAX on CPU):
     python -m benchmarks.prefetch [--rounds 9] [--batches 200] [--batch 256] [--dim 512] [--no-picture]
 
 After a warm-up pass of each (compilation), each round times one pass of ``--batches`` steps for
-every variant, in an order rotated per round (`runner.interleaved`): (1) the step over global ``jax.Array`` batches placed before the timing (the limit: no
-loading in the loop at all), (2) the step fed by ``accelerator.prepare(unified.DataLoader(...,
-prefetch=0))`` (collate + ``make_array_from_process_local_data`` on the step's critical path),
-(3) the same with ``prefetch=2`` (placed in a background thread), and, for information, (4) the
-loader alone with nothing to do per batch and (5) the time the step's call holds the caller
-before it returns (Python and dispatch: host work that a producer thread's collate competes with
-for the GIL). Every step is ``block_until_ready``-ed. Reports min,
-median and spread (max/min) per variant and each median against the limit, and draws every
-round in docs/benchmarks/img/prefetch.png (``--no-picture``: not).
+every variant, in an order rotated per round (`runner.interleaved`): (1) the step over global
+``jax.Array`` batches placed before the timing (the limit: no loading in the loop at all), (2)
+the step fed by ``accelerator.prepare(unified.DataLoader(..., prefetch=0))`` (collate +
+``make_array_from_process_local_data`` on the step's critical path), (3) the same with
+``prefetch=2`` (placed in a background thread), and, for information, (4) the loader alone with
+nothing to do per batch and (5) the time the step's call holds the caller before it returns
+(Python and dispatch: host work that a producer thread's collate competes with for the GIL).
+Every step is ``block_until_ready``-ed. Reports min, median and spread (max/min) per variant and
+each median against the limit, and draws every round in docs/benchmarks/img/prefetch.png
+(``--no-picture``: not).
 """
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def per_step(times: Dict[str, List[float]], steps: int, reference: str, columns:
                   for name, values in times.items()])
     if picture:
         part, title, group = picture
-        plot.draw(plot.image(part), title, "ms per step", {group: {n: [t * scale for t in v] for n, v in times.items()}})
+        plot.draw(plot.image(part), title, "ms per step",
+                  {group: {n: [t * scale for t in v] for n, v in times.items()}})
     return text
 
 

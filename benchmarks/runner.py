@@ -240,7 +240,8 @@ def stats(values: Sequence[float]) -> Dict[str, float]:
         {'min': 1.0, 'median': 2.0, 'max': 4.0, 'spread': 4.0}
     """
     low, high = min(values), max(values)
-    return {"min": low, "median": statistics.median(values), "max": high, "spread": high / low if low > 0 else float("inf")}
+    return {"min": low, "median": statistics.median(values), "max": high,
+            "spread": high / low if low > 0 else float("inf")}
 
 
 def cells(values: Sequence[float], columns: str = "min median max", reference: Optional[float] = None, *,
@@ -256,7 +257,8 @@ def cells(values: Sequence[float], columns: str = "min median max", reference: O
     """
     s = stats(values)
     number = {name: f"{s[name] * scale:.{digits}f}" for name in ("min", "median", "max")}
-    number.update({"min-max": f"{number['min']}-{number['max']}", "range": f"{(s['max'] - s['min']) * scale:.{digits}f}",
+    number.update({"min-max": f"{number['min']}-{number['max']}",
+                   "range": f"{(s['max'] - s['min']) * scale:.{digits}f}",
                    "spread": f"{s['spread']:.{spread_digits}f}x"})
     if reference is not None:
         number["ratio"] = f"{s['median'] / reference:.{ratio_digits}f}x"
@@ -343,7 +345,8 @@ def module(name: str, *args: str) -> List[str]:
     return [sys.executable, "-m", f"benchmarks.{name}", *args]
 
 
-def run_launched(script: str, backend: str, worker_args: List[str], timeout: float, processes: int = 2) -> Optional[dict]:
+def run_launched(script: str, backend: str, worker_args: List[str], timeout: float,
+                 processes: int = 2) -> Optional[dict]:
     """``unified launch -n 2 --backend B script --worker ...`` (``processes`` instead of 2);
     process 0's `emit`, with the group's wall time as ``wall_s``, or None (and the output on
     stderr) when there is none."""
@@ -395,7 +398,8 @@ def main_launched(doc: str, argv: Optional[List[str]], script: str, worker: Call
         worker(args)
         return 0
     print_command()
-    results = launch_each(script, args.backends, [word for name in options for word in (f"--{name}", str(getattr(args, name)))],
+    results = launch_each(script, args.backends,
+                          [word for name in options for word in (f"--{name}", str(getattr(args, name)))],
                           args.group_timeout, describe)
     if results is None:
         return 1

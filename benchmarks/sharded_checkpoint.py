@@ -45,10 +45,11 @@ processes alike (JAX keeps an array whole when the device count divides none of 
 
 Fairness (as benchmarks/checkpoint.py, `checkpointing.path_rounds`): one untimed warm-up round of
 every contender, then ``--repeats`` rounds in rotated order, Python's garbage collected before
-every timing; each contender's save is followed by its load; then process 0 deletes its directory, calls ``os.sync()`` and waits for ``Dirty:`` in /proc/meminfo to fall
-(outside the timings). Every process starts each timed call together (a barrier first) and times
-its own call; a round's sample is the slowest process's time (the collective ends with it). Every
-load is checked: a parameter and an optimizer moment are changed after the save and must come back.
+every timing; each contender's save is followed by its load; then process 0 deletes its directory,
+calls ``os.sync()`` and waits for ``Dirty:`` in /proc/meminfo to fall (outside the timings). Every
+process starts each timed call together (a barrier first) and times its own call; a round's sample
+is the slowest process's time (the collective ends with it). Every load is checked: a parameter
+and an optimizer moment are changed after the save and must come back.
 
 Peak RSS: before each timed save or load every process writes ``5`` to /proc/self/clear_refs,
 which resets ``VmHWM`` in /proc/self/status to the current RSS; after the call ``VmHWM`` is the
@@ -165,8 +166,10 @@ class Group:
     def rounds(self, contenders: Dict[str, Callable[..., Any]], base: str, repeats: int) -> Dict[str, Any]:
         """`path_rounds`: warm-up, then ``repeats`` rounds in rotated order of save, mutate, load,
         check, clean; sizes on disk on process 0."""
-        return path_rounds(contenders, base, repeats, cleanup=self.clean, size=self.size, say=log if self.rank == 0 else None,
-                           describe=lambda got: f"save {got['save']['s']:.3f}s, load {got['load']['s']:.3f}s (process 0)")
+        return path_rounds(contenders, base, repeats, cleanup=self.clean, size=self.size,
+                           say=log if self.rank == 0 else None,
+                           describe=lambda got: f"save {got['save']['s']:.3f}s, load {got['load']['s']:.3f}s "
+                                                "(process 0)")
 
     def loads(self, load: Callable[[], None], mutate: Callable[[], None], check: Callable[[], None],
               repeats: int) -> List[Dict[str, float]]:
@@ -246,7 +249,8 @@ def bench(args: argparse.Namespace, group: Group, part: str, contenders: Dict[st
         if group.rank == 0:
             for path, array in zip((kernel_npy, moment_npy), arrays):
                 np.save(path, array, allow_pickle=False)
-        result["reshard_loads"] = group.loads(lambda: group.acc.load_state(source), probe.mutate, probe.check, args.repeats)
+        result["reshard_loads"] = group.loads(lambda: group.acc.load_state(source), probe.mutate, probe.check,
+                                              args.repeats)
     group.finish(result)
 
 
@@ -301,7 +305,8 @@ def _accelerate_fsdp_refusal() -> str:
         return (f"accelerate {accelerate.__version__} on this {theirs.device.type} process group: "
                 f"Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, "
                 f"state_dict_type='SHARDED_STATE_DICT')) gives distributed_type={theirs.distributed_type.value} "
-                f"and no fsdp_plugin (state.fsdp_plugin: {getattr(theirs.state, 'fsdp_plugin', None)!r}): AcceleratorState turns FSDP on only "
+                f"and no fsdp_plugin (state.fsdp_plugin: {getattr(theirs.state, 'fsdp_plugin', None)!r}): "
+                "AcceleratorState turns FSDP on only "
                 "for the MULTI_GPU/NPU/XPU/MLU/SDAA/MUSA/HPU/NEURON distributed types (accelerate/state.py), so "
                 "prepare() would wrap the model in DDP and save_state would not write an FSDP checkpoint")
     return (f"accelerate {accelerate.__version__} turns FSDP on in this process group; this script, written where "
@@ -329,7 +334,8 @@ def torch_worker(args: argparse.Namespace) -> None:
 
     if args.role == "load":  # 2 -> 3: this group has never stepped; the checkpoint's values must arrive
         return reshard_loads(args, group, torch_probe(model, inner),
-                             lambda tensor, whole: np.array_equal(tensor.detach().full_tensor().numpy(), whole), sizes())
+                             lambda tensor, whole: np.array_equal(tensor.detach().full_tensor().numpy(), whole),
+                             sizes())
 
     # one real step on this process's rows: AdamW's moments exist, sharded like the parameters
     acc.backward(model(torch.randn(4, args.hidden)).square().mean())
@@ -420,6 +426,11 @@ def per_round(processes: List[Dict[str, Any]], pick: Callable[[Dict[str, Any]], 
     return [max(column[i]["s"] for column in columns) for i in range(min(len(c) for c in columns))]
 
 
+def samples_of(processes: List[Dict[str, Any]], contender: str, op: str) -> List[float]:
+    """`per_round` of one contender's ``op`` ("save" or "load")."""
+    return per_round(processes, lambda p: p["samples"][contender][op])
+
+
 def verdict(framework: str, contender: str, ratio: float, store: bool = False) -> str:
     """The goal column of the time table: ours <= 1.1x the raw DCP / Orbax contender, faster than
     Accelerate; on a store (``--store``) ours <= 1.3x the raw transfer, faster than DCP's fsspec
@@ -447,15 +458,15 @@ def time_table(results: Dict[str, Dict[str, Any]], store: bool = False) -> List[
     for fw, res in results.items():
         procs = res["bench"]["processes"]
         for op in ("save", "load"):
-            ours = statistics.median(per_round(procs, lambda p: p["samples"]["ours"][op]))
+            ours = statistics.median(samples_of(procs, "ours", op))
             for name in procs[0]["samples"]:
-                values = per_round(procs, lambda p, n=name: p["samples"][n][op])
+                values = samples_of(procs, name, op)
                 ratio = ours / statistics.median(values)
                 rows.append([fw, f"{op}_state", name, len(procs[0]["samples"][name][op]),
                              *cells(values, "min median max spread", spread_digits=2), f"{ratio:.2f}x",
                              verdict(fw, name, ratio, store) if name != "ours" else ""])
-    return table(["framework", "operation", "contender", "rounds", "min (s)", "median (s)", "max (s)", "spread (max/min)",
-                  "ours / this (median)", "goal"], "lllrrrrrrl", rows).splitlines()
+    return table(["framework", "operation", "contender", "rounds", "min (s)", "median (s)", "max (s)",
+                  "spread (max/min)", "ours / this (median)", "goal"], "lllrrrrrrl", rows).splitlines()
 
 
 def memory_table(results: Dict[str, Dict[str, Any]]) -> List[str]:
@@ -501,7 +512,8 @@ def profile_table(results: Dict[str, Dict[str, Any]]) -> List[str]:
             continue
         phases = list(dict.fromkeys(k for p in procs for k in p["profile"]))
         lines += [f"\n{fw}: one save_state + load_state of ours, phase by phase (s; '.' marks a phase inside the "
-                  "next unmarked one)", *table(["phase", *(f"process {r}" for r in range(len(procs)))], "l" + "r" * len(procs),
+                  "next unmarked one)", *table(["phase", *(f"process {r}" for r in range(len(procs)))],
+                                               "l" + "r" * len(procs),
                                                [[phase, *(f"{p['profile'].get(phase, 0.0):.3f}" for p in procs)]
                                                 for phase in phases]).splitlines()]
     return lines
@@ -513,7 +525,7 @@ def picture(results: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, List[floa
     for fw, res in results.items():
         procs = res["bench"]["processes"]
         for op in ("save", "load"):
-            rows[f"{fw} {op}"] = {n: per_round(procs, lambda p, n=n: p["samples"][n][op]) for n in procs[0]["samples"]}
+            rows[f"{fw} {op}"] = {n: samples_of(procs, n, op) for n in procs[0]["samples"]}
         if "load3" in res:
             rows[f"{fw} load 2->2 | 2->3"] = {  # ours in its own colour: the 2 -> 2 load
                 "ours": per_round(procs, lambda p: p["reshard_loads"]),
@@ -549,8 +561,10 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.5, help="model + optimizer state per framework (GB)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--parts", default="torch,jax")
-    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a new temporary directory)")
-    parser.add_argument("--hidden", type=int, default=2304, help="width of each Linear layer (2 and 3 should divide it)")
+    parser.add_argument("--dir", default=None,
+                        help="where checkpoints are written (default: a new temporary directory)")
+    parser.add_argument("--hidden", type=int, default=2304,
+                        help="width of each Linear layer (2 and 3 should divide it)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds each process group may take")
     parser.add_argument("--picture", default=PICTURE, help="where the PNG goes ('' for none)")
     parser.add_argument("--store", action="store_true",
@@ -598,8 +612,8 @@ def main() -> None:
     print(report(results, args.store))
     if args.picture:
         where = " to S3 (moto, loopback)" if args.store else ""
-        plot.draw(args.picture, f"sharded save_state / load_state{where}, 2 processes, {args.size_gb:g} GB of state", "s",
-                  plot.as_samples(picture(results)))
+        plot.draw(args.picture, f"sharded save_state / load_state{where}, 2 processes, {args.size_gb:g} GB of state",
+                  "s", plot.as_samples(picture(results)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ UPSTREAM = REPO / "tests" / "upstream" / "accelerate_1_15_test_state_checkpointi
 REDIRECTS = {
     "from accelerate import Accelerator\n": "from unified import Accelerator\n",
     "from accelerate.utils import DistributedType, ProjectConfiguration, patch_environment, set_seed\n":
-        "from accelerate.utils import DistributedType, patch_environment, set_seed\nfrom unified import ProjectConfiguration\n",
+        "from accelerate.utils import DistributedType, patch_environment, set_seed\n"
+        "from unified import ProjectConfiguration\n",
 }
 
 needs_peers = pytest.mark.skipif(

@@ -136,7 +136,8 @@ def test_jax_under_srun_takes_the_local_index_from_slurm(tmp_path):
     script.write_text(LOCAL_SCRIPT)
     env = _job_env(tmp_path, _slurm_job_id_with_a_free_port())
     env.update(SLURM_NTASKS="3", SLURM_STEP_TASKS_PER_NODE="3", SLURM_TASKS_PER_NODE="3")
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+    procs = [subprocess.Popen([sys.executable, str(script)],
+                              env={**env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(3)]
     outputs = []
     for proc in procs:
@@ -147,8 +148,10 @@ def test_jax_under_srun_takes_the_local_index_from_slurm(tmp_path):
                 other.kill()
             pytest.fail("the srun-started group did not finish")
     assert all(p.returncode == 0 for p in procs), "\n".join(outputs)
-    rows = [json.loads(line.split("RESULT ", 1)[1]) for out in outputs for line in out.splitlines() if "RESULT " in line]
-    assert sorted((r["index"], r["local"], r["local_count"], r["num"]) for r in rows) == [(i, i, 3, 3) for i in range(3)]
+    rows = [json.loads(line.split("RESULT ", 1)[1])
+            for out in outputs for line in out.splitlines() if "RESULT " in line]
+    assert (sorted((r["index"], r["local"], r["local_count"], r["num"]) for r in rows)
+            == [(i, i, 3, 3) for i in range(3)])
     main = next(r for r in rows if r["local_main"])
     assert [r["local_main"] for r in sorted(rows, key=lambda r: r["index"])] == [True, False, False]
     assert all(r["entered"] >= main["left"] for r in rows if not r["local_main"]), rows

@@ -36,6 +36,7 @@ def test_its_timing_parts_run_on_cpu(tmp_path):
                           capture_output=True, text=True, timeout=600, cwd=str(ROOT))
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     text = (tmp_path / "gpu.md").read_text()
-    for row in ("| unified | save |", "| unified | async blocked |", "| unified | load |", "| raw copy + write + fsync | save |"):
+    for row in ("| unified | save |", "| unified | async blocked |", "| unified | load |",
+                "| raw copy + write + fsync | save |"):
         assert text.count(row) == 2, (row, text)  # torch and JAX
     assert "| orbax" in text

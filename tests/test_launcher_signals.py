@@ -152,7 +152,8 @@ def test_closed_stdout_stops_the_group(backend, group):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("sig, worker_args", [(signal.SIGHUP, ()), (signal.SIGTERM, ("--ignore-sigterm",)),
                                               (signal.SIGUSR1, ())],
-                         ids=["sighup", "sigterm-to-workers-that-ignore-it", "sigusr1-forwarded-to-workers-without-handler"])
+                         ids=["sighup", "sigterm-to-workers-that-ignore-it",
+                              "sigusr1-forwarded-to-workers-without-handler"])
 def test_a_stop_signal_to_the_launcher_stops_the_group(backend, group, sig, worker_args):
     launcher = group.start(backend, *worker_args)
     group.wait_for_workers()

@@ -51,9 +51,9 @@ def test_a_killed_process_is_healed_by_the_launcher(backend, tmp_path):
 
 
 def _check_trackers_continued(output: str, project: Path) -> None:
-    """Both attempts logged into the same MLflow run (W&B is left out for CI time: its run id is continued by the same code, checked by hand), and the MLflow run holds every
-    step once a step was logged: 0-3 by the first attempt (killed after step 3's save), 4-5 by
-    the second."""
+    """Both attempts logged into the same MLflow run (W&B is left out for CI time: its run id is
+    continued by the same code, checked by hand), and the MLflow run holds every step once a step
+    was logged: 0-3 by the first attempt (killed after step 3's save), 4-5 by the second."""
     runs = [json.loads(m.group(1)) for m in re.finditer(r"^\[0\] TRACKERS (.*)$", output, re.M)]
     if not runs or not runs[0]:
         pytest.skip("needs the tracking extra: pip install 'unified[tracking]'")

@@ -134,7 +134,8 @@ for epoch in range(starting_epoch, args.epochs):
         if progress.step % args.save_every == 0:
             save_checkpoint()
     mean = accelerator.reduce(torch.tensor([epoch_loss / max(batches, 1)], device=accelerator.device), "mean")
-    accelerator.print(f"epoch {epoch}: {batches} batches, mean loss {mean.item():.4f}, lr {scheduler.get_last_lr()[0]:.5f}")
+    accelerator.print(f"epoch {epoch}: {batches} batches, mean loss {mean.item():.4f}, "
+                      f"lr {scheduler.get_last_lr()[0]:.5f}")
     model.eval()
     errors = []
     with torch.no_grad():
@@ -152,5 +153,6 @@ if not stopped:
     weights = accelerator.unwrap_model(model).state_dict()
     digest = hashlib.sha256(b"".join(weights[k].detach().cpu().numpy().tobytes() for k in sorted(weights)))
     accelerator.print(f"finished at step {progress.step}; weights sha256 {digest.hexdigest()[:16]}")
-    accelerator.print(f"model saved: {os.path.exists(os.path.join(args.project_dir, 'final_model', 'model.safetensors'))}")
+    accelerator.print("model saved: "
+                      f"{os.path.exists(os.path.join(args.project_dir, 'final_model', 'model.safetensors'))}")
 accelerator.end_training()

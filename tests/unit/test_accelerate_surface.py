@@ -81,7 +81,8 @@ class _Counter:
 def test_free_memory_forgets_prepared_objects_but_keeps_registered_ones(tmp_path):
     from unified import DataLoader
 
-    acc = MemoryGroup(1).accelerator(0, project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
+    acc = MemoryGroup(1).accelerator(
+        0, project_config=ProjectConfiguration(str(tmp_path), automatic_checkpoint_naming=True))
     loader = acc.prepare(DataLoader(np.arange(8, dtype=np.float32), batch_size=2))
     counter = _Counter()
     acc.register_for_checkpointing(counter)
@@ -120,7 +121,8 @@ def test_dataloader_configuration_defaults_views_and_refusals():
     acc = MemoryGroup(1).accelerator(0)
     assert acc.dataloader_config == DataLoaderConfiguration()
     assert (acc.split_batches, acc.dispatch_batches, acc.even_batches) == (False, None, True)
-    config = DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True, non_blocking=True, data_seed=7)
+    config = DataLoaderConfiguration(use_seedable_sampler=True, use_stateful_dataloader=True, non_blocking=True,
+                                     data_seed=7)
     acc = MemoryGroup(1).accelerator(0, dataloader_config=config)
     assert acc.use_seedable_sampler and acc.use_stateful_dataloader and acc.non_blocking
     first = [b.tolist() for b in acc.prepare(DataLoader(np.arange(8.0), batch_size=2, shuffle=True))]

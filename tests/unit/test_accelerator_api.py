@@ -55,8 +55,9 @@ def test_identity_single_process():
 
 def test_mesh_needs_the_device_mesh_capability_and_hasattr_stays_false():
     acc = MemoryGroup(1).accelerator(0)
-    with pytest.raises(NotImplementedError, match=r"accelerator.mesh needs a backend with DeviceMesh .*'memory' backend"):
-        acc.mesh
+    with pytest.raises(NotImplementedError,
+                       match=r"accelerator.mesh needs a backend with DeviceMesh .*'memory' backend"):
+        _ = acc.mesh
     assert not hasattr(acc, "mesh")  # a MissingCapability is also an AttributeError
     with pytest.raises(unified.MissingCapability, match="Autograd"):
         acc.backward(None)
@@ -67,8 +68,9 @@ def test_mesh_is_jax_only_on_torch(monkeypatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     acc = Accelerator(backend="torch")
-    with pytest.raises(NotImplementedError, match=r"needs a backend with DeviceMesh.*the 'torch' backend does not have it"):
-        acc.mesh
+    with pytest.raises(NotImplementedError,
+                       match=r"needs a backend with DeviceMesh.*the 'torch' backend does not have it"):
+        _ = acc.mesh
     assert not hasattr(acc, "mesh")
 
 
@@ -381,13 +383,15 @@ def test_register_for_checkpointing_names_offenders_as_accelerate_does():
     def helper():
         pass
 
-    _, results = run_accelerators(1, lambda a: a.register_for_checkpointing(np.zeros(1), np.ones(1), Stateful(), helper))
+    _, results = run_accelerators(
+        1, lambda a: a.register_for_checkpointing(np.zeros(1), np.ones(1), Stateful(), helper))
     err = results[0]
     assert isinstance(err, ValueError) and isinstance(err, TypeError)
     message = str(err)
     assert "Item at index 0, `ndarray`" in message and "Item at index 1" in message
     assert "Item at index 2" not in message
-    assert "Item at index 3, `test_register_for_checkpointing_names_offenders_as_accelerate_does.<locals>.helper`" in message
+    assert ("Item at index 3, `test_register_for_checkpointing_names_offenders_as_accelerate_does.<locals>.helper`"
+            in message)
     assert message.startswith("All `objects` must include a `state_dict` and `load_state_dict` function to be stored. "
                               "The following inputs are invalid:\n\t- Item at index 0, `ndarray`")
     assert "troubleshooting.md#registration-error" in message

@@ -52,9 +52,11 @@ def test_shared_code_names_no_backend_or_framework():
                     continue
             else:
                 continue
-            bad = [m for m in modules if m.split(".")[0] in ({"backends"} if path.startswith(SUITE) else FRAMEWORK_WORDS | {"backends"})]
+            bad = [m for m in modules
+                   if m.split(".")[0] in ({"backends"} if path.startswith(SUITE) else FRAMEWORK_WORDS | {"backends"})]
             offenders += [f"{path}:{node.lineno}: {m!r}" for m in bad]
-    assert not offenders, "framework or backend names in unified/ (move them into the backend package):\n" + "\n".join(offenders)
+    assert not offenders, ("framework or backend names in unified/ (move them into the backend package):\n"
+                           + "\n".join(offenders))
 
 
 def _backend_branches(tree: ast.AST) -> Iterator[ast.AST]:
@@ -94,7 +96,8 @@ def test_nothing_that_ships_or_benchmarks_imports_the_tests():
 
 
 def test_the_import_check_sees_an_import_of_the_tests():
-    tree = ast.parse("from tests.conformance import harness\nimport tests.netns\nfrom .tests import x\nimport testsuite\n")
+    tree = ast.parse("from tests.conformance import harness\nimport tests.netns\n"
+                     "from .tests import x\nimport testsuite\n")
     assert [m for _, m in _imports_of_tests(tree)] == ["tests.conformance", "tests.netns"]
 
 

@@ -66,7 +66,8 @@ def _foreign_imports(packages: Dict[str, Path]) -> List[str]:
                 parts = module.split(".")
                 if len(parts) >= 2 and parts[0] == "backends" and parts[1] in others:
                     lines.setdefault(line, module)
-            found += [f"backends/{path.relative_to(BACKENDS)}:{line}: {module}" for line, module in sorted(lines.items())]
+            found += [f"backends/{path.relative_to(BACKENDS)}:{line}: {module}"
+                      for line, module in sorted(lines.items())]
     return found
 
 

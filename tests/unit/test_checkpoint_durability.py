@@ -31,7 +31,8 @@ def test_the_checkpoint_is_synced_before_its_commit(tmp_path, monkeypatch):
     acc = _accelerator(tmp_path, total_limit=1)
     events = []
     real_fsync_tree, real_commit = layout.fsync_tree, layout.commit
-    monkeypatch.setattr(layout, "fsync_tree", lambda d: (events.append(("sync", os.path.basename(d))), real_fsync_tree(d)))
+    monkeypatch.setattr(layout, "fsync_tree",
+                        lambda d: (events.append(("sync", os.path.basename(d))), real_fsync_tree(d)))
     monkeypatch.setattr(layout, "commit", lambda tmp, final, token: (events.append(("commit", os.path.basename(final))),
                                                                      real_commit(tmp, final, token)))
     acc.save_state()

@@ -87,7 +87,8 @@ def _hostile_header(checkpoint):
 DAMAGE = {
     "flipped_byte": (lambda c: _flip(c / "model_0.safetensors"), "checksum mismatch"),
     "flipped_rng": (lambda c: _flip(c / "rng_0.safetensors"), "checksum mismatch"),
-    "truncated": (lambda c: (c / "optimizer_0.safetensors").write_bytes((c / "optimizer_0.safetensors").read_bytes()[:-7]),
+    "truncated": (lambda c: (c / "optimizer_0.safetensors").write_bytes(
+                      (c / "optimizer_0.safetensors").read_bytes()[:-7]),
                   "truncated"),
     "missing_file": (lambda c: (c / "model_0.safetensors").unlink(), "cannot open"),
     "unparseable_manifest": (lambda c: (c / "manifest.json").write_bytes(b'{"format": "unified-chec'), "manifest"),
@@ -132,7 +133,8 @@ def test_if_exists_falls_back_and_retention_keeps_the_intact_checkpoints(tmp_pat
             _step(acc, model, optimizer)
             acc.save_state()
         # the damaged one is kept aside (never counted, never deleted), the intact ones are the newest 3
-        assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2.damaged", "checkpoint_3", "checkpoint_4"]
+        assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2.damaged", "checkpoint_3",
+                                                   "checkpoint_4"]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # nothing is skipped any more: no warning
             assert acc.load_state() == str(checkpoints / "checkpoint_4")

@@ -15,7 +15,8 @@ from unified import CheckpointError, ProjectConfiguration
 from .memory_backend import MemoryGroup
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLD = "import sys, time; from unified.checkpoint import lock; lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(60)"
+HOLD = ("import sys, time; from unified.checkpoint import lock; lock.acquire(sys.argv[1]); "
+        "print('held', flush=True); time.sleep(60)")
 
 
 def _accelerator(project):
@@ -63,5 +64,6 @@ def test_accelerators_of_one_process_share_the_folder_and_end_training_releases_
     second.end_training()
     folder = tmp_path / "project"
     proc = subprocess.run([sys.executable, "-c", HOLD.replace("time.sleep(60)", "pass"), str(folder)],
-                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+                          capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          timeout=60)
     assert proc.stdout.strip() == "held", proc.stderr

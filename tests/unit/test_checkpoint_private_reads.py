@@ -34,7 +34,8 @@ CASES = [f"{how}-{when}" for when in ("after-verify", "during-read", "after-load
 def test_changing_files_during_or_after_a_load_never_restores_unverified_bytes(backend):
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "scripts" / "tamper_checkpoint.py"), backend, *CASES],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    outcomes = {o["case"]: o for o in (json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("CASE "))}
+    outcomes = {o["case"]: o
+                for o in (json.loads(line[5:]) for line in run.stdout.splitlines() if line.startswith("CASE "))}
     died = f" (killed by {signal.Signals(-run.returncode).name})" if run.returncode < 0 else ""
     assert run.returncode == 0, f"exit {run.returncode}{died} after {sorted(outcomes)}:\n{run.stderr[-3000:]}"
     assert sorted(outcomes) == sorted(CASES)
@@ -115,8 +116,8 @@ def test_the_writer_aligns_arrays_so_that_they_can_be_taken_over(tmp_path):
     file stays standard safetensors."""
     from safetensors.numpy import load_file
 
-    arrays = {"step": np.array(3, np.float32), "w": np.ones((16, 16), np.float32), "odd": np.arange(3, dtype=np.float64),
-              "v": np.full(64, 2, np.float32), "flags": np.array([True, False])}
+    arrays = {"step": np.array(3, np.float32), "w": np.ones((16, 16), np.float32),
+              "odd": np.arange(3, dtype=np.float64), "v": np.full(64, 2, np.float32), "flags": np.array([True, False])}
     path, info = _file(tmp_path, arrays)
     back = safetensors_io.read(path, info["size"], info["xxh3"])
     assert back["w"].ctypes.data % 64 == 0 and back["v"].ctypes.data % 64 == 0

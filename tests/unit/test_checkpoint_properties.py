@@ -43,7 +43,8 @@ def test_manifest_round_trip_and_names_that_could_escape_are_refused(files, iter
     body = {"backend": "torch", "num_processes": 1, "iteration": iteration, "objects": [],
             "structures": {}, "files": {n: {"size": s, "xxh3": "0" * 16} for n, s in files.items()}}
     # plain names, or '/'-separated plain names below the checkpoint (sharded files live in folders)
-    safe = all(all(part not in ("", ".", "..") and all(c.isalnum() or c in "_.-" for c in part) for part in n.split("/"))
+    safe = all(all(part not in ("", ".", "..") and all(c.isalnum() or c in "_.-" for c in part)
+                   for part in n.split("/"))
                and c_ascii(n) for n in files)
     with tempfile.TemporaryDirectory() as d:
         write_manifest(d, body)
@@ -84,7 +85,7 @@ def test_scanner_orders_numerically_and_retention_keeps_the_newest(entries, limi
         found = layout.numbered_checkpoints(folder)
         numbers = [n for n, _ in found]
         assert numbers == sorted(numbers)
-        for n, path in found:  # only committed, well-named directories
+        for _, path in found:  # only committed, well-named directories
             name = os.path.basename(path)
             assert not name.startswith(".") and os.path.isfile(os.path.join(path, MANIFEST))
             assert name == f"checkpoint_{int(name.split('_')[1])}" or name.startswith("checkpoint_0")

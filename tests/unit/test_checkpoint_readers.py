@@ -432,8 +432,9 @@ def test_a_truncated_file_raises_a_checkpoint_error(tmp_path):
 
 special_nodes = st.one_of(
     st.fixed_dictionaries({"__array__": wrong | st.sampled_from(["a", "missing"]), "kind": wrong}),
-    st.fixed_dictionaries({"__numpy_scalar__": wrong | st.sampled_from(["<f4", "<i8", "|V2", "(99999999999,)f8", "O", "U3"]),
-                           "value": wrong}),
+    st.fixed_dictionaries({
+        "__numpy_scalar__": wrong | st.sampled_from(["<f4", "<i8", "|V2", "(99999999999,)f8", "O", "U3"]),
+        "value": wrong}),
     st.fixed_dictionaries({"__float__": wrong | st.sampled_from(["nan", "inf", "x"])}),
     st.fixed_dictionaries({"__tuple__": wrong}),
     st.fixed_dictionaries({"__dict__": wrong | st.lists(st.lists(wrong, max_size=3), max_size=3)}),

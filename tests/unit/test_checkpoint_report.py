@@ -27,7 +27,8 @@ def test_every_contender_is_compared_with_the_raw_limit_with_its_peak_memory():
     rows = {line.split(" | ")[1]: line for line in bench._side_by_side(res)[2:]}
     assert set(rows) == {"ours", "Accelerate", "torch DCP (FileSystemWriter)", "raw write / readinto (the limit)"}
     assert " | 2.000 | 1.000-3.000 | 2.00x | 0.300 | 0.200-0.400 | 3.00x | 10 / 1,500 | 5 / 1,400 |" in rows["ours"]
-    assert "| 3.000 | 3.000-3.000 | 3.00x | 0.600 | 0.600-0.600 | 6.00x | 0 / 36 | 0 / 36 |" in rows["torch DCP (FileSystemWriter)"]
+    assert ("| 3.000 | 3.000-3.000 | 3.00x | 0.600 | 0.600-0.600 | 6.00x | 0 / 36 | 0 / 36 |"
+            in rows["torch DCP (FileSystemWriter)"])
     assert "| 1.00x |" in rows["raw write / readinto (the limit)"]
 
 

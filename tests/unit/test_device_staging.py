@@ -89,7 +89,8 @@ def test_only_this_process_devices_generator_is_saved_and_restored(monkeypatch):
     backend.set_rng_state(state)
     assert generators[1].tolist() == list(range(8))
     # a checkpoint of an older version: every device's state, this device's taken by its index
-    old = {"torch_cpu": state["torch_cpu"], "torch_cuda_0": np.full(8, 7, np.uint8), "torch_cuda_1": np.full(8, 9, np.uint8)}
+    old = {"torch_cpu": state["torch_cpu"], "torch_cuda_0": np.full(8, 7, np.uint8),
+           "torch_cuda_1": np.full(8, 9, np.uint8)}
     backend.set_rng_state(old)
     assert generators[1].tolist() == [9] * 8
 

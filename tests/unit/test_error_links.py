@@ -27,19 +27,22 @@ SUITE = "unified/testing/"
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
 # `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `checksum_mismatch`,
-# `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_io.py) and `_commit_error` (unified/checkpoint/manager.py)
-# return CheckpointErrors that end with see(...); `_rows_error` (unified/training/metrics.py) returns a
-# ValueError ending with see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a
-# BackendUnavailable ending with see("private-api-changed").
+# `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_io.py) and
+# `_commit_error` (unified/checkpoint/manager.py) return CheckpointErrors that end with see(...);
+# `_rows_error` (unified/training/metrics.py) returns a ValueError ending with
+# see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a BackendUnavailable
+# ending with see("private-api-changed").
 SELF_LINKED = {"changed", "BarrierTimeout", "_timeout_error", "timeout_error", "_invalid_structure", "_not_safetensors",
-               "_commit_error", "_unsupported", "checksum_mismatch", "size_mismatch", "cannot_open", "_ended", "_rows_error"}
+               "_commit_error", "_unsupported", "checksum_mismatch", "size_mismatch", "cannot_open", "_ended",
+               "_rows_error"}
 # Control flow, not a message for a user.
 NOT_MESSAGES = {"StopIteration"}
 
 # (file, a fragment of the raise statement's source) -> why it carries no link of its own.
 UNLINKED: Dict[Tuple[str, str], str] = {
     ("unified/launcher/rendezvous.py", "BadRequest("):
-        "the rendezvous's HTTP answer to a launcher, which raises it as RendezvousRefused + see('launch-rendezvous-refused')",
+        "the rendezvous's HTTP answer to a launcher, which raises it as RendezvousRefused + "
+        "see('launch-rendezvous-refused')",
     ("unified/launcher/rendezvous.py", "an answer not signed"):
         "a client's retry, raised as RendezvousLost + see('launch-rendezvous-lost') once its patience is spent",
     ("unified/checkpoint/safetensors_io.py", "the destination of"):
@@ -214,7 +217,7 @@ def test_messages_end_their_last_sentence_before_the_link():
     """In the source too: the text written right before every ``... + see(...)`` ends with '.', '?'
     or '!' (a message that ends with a value, e.g. a quoted error, gets its full stop from see())."""
     offenders, checked = [], 0
-    for path, source, tree in _sources():
+    for path, _source, tree in _sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _see_calls(node.right) \
                     and isinstance(node.right, ast.Call):

@@ -135,7 +135,8 @@ def test_hand_offs_follow_the_hashing_with_tiny_and_empty_arrays_between(tmp_pat
         arrays[f"t{i:02d}"] = np.full(3 + i, i, np.int32)
         arrays[f"k{i:02d}"] = np.full(5000 * (i % 4 + 1), -i, np.float32)
         arrays[f"e{i:02d}"] = np.zeros(0, np.float64)
-    info = safetensors_io.write(str(tmp_path / "f.safetensors"), {k: safetensors_io.export_numpy(v) for k, v in arrays.items()})
+    info = safetensors_io.write(str(tmp_path / "f.safetensors"),
+                                {k: safetensors_io.export_numpy(v) for k, v in arrays.items()})
     hashed_before, handed = [], []
     real = safetensors_io.xxhash.xxh3_64
 

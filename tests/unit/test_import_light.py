@@ -26,7 +26,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("imports", [
     "import unified",
     "import unified, unified.launcher.launch, unified.launcher.cli",
-    "import unified.utils, unified.runtime.tree, unified.runtime.rng, unified.runtime.collectives, unified.launcher.report, unified.backend.registry, unified.launcher.launch",
+    "import unified.utils, unified.runtime.tree, unified.runtime.rng, unified.runtime.collectives, "
+    "unified.launcher.report, unified.backend.registry, unified.launcher.launch",
     "from unified import Accelerator, ProjectConfiguration, available_backends; available_backends()",
 ])
 def test_import_does_not_pull_frameworks(imports):

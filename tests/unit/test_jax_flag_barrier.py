@@ -28,9 +28,11 @@ def _child(port: int) -> None:
     from backends.jax.control import flagged_process_ids, is_flagged
 
     address = f"127.0.0.1:{port}"
-    service = _jax.get_distributed_runtime_service(address, 2, heartbeat_timeout=100, shutdown_timeout=5,
-                                                   recoverable=True)
-    clients = [_jax.get_distributed_runtime_client(address, i, init_timeout=30, heartbeat_timeout=100) for i in range(2)]
+    # held by a name although unused: the service stops when its last reference goes
+    _service = _jax.get_distributed_runtime_service(address, 2, heartbeat_timeout=100, shutdown_timeout=5,
+                                                    recoverable=True)
+    clients = [_jax.get_distributed_runtime_client(address, i, init_timeout=30, heartbeat_timeout=100)
+               for i in range(2)]
     joins = [threading.Thread(target=c.connect) for c in clients]
     for t in joins:
         t.start()

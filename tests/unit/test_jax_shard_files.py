@@ -139,14 +139,15 @@ if not missing_store_packages():
                             "exact": exact(eager), "hashed": hashed == hashes}
         out["store"] = store
 print("RESULT " + json.dumps(out))
-"""
+"""  # noqa: E501 - two long lines in the child script above: its text is a string, kept as it is
 
 
 @pytest.fixture(scope="module")
 def result():
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT "):])

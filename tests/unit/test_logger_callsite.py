@@ -13,4 +13,5 @@ def test_the_logger_names_the_callers_line(caplog):
         logger.warning("a")
         logger.log(logging.WARNING, "b")
         logger.info("c", main_process_only=False)
-    assert [(r.filename, r.funcName) for r in caplog.records] == [("test_logger_callsite.py", "test_the_logger_names_the_callers_line")] * 3
+    assert ([(r.filename, r.funcName) for r in caplog.records]
+            == [("test_logger_callsite.py", "test_the_logger_names_the_callers_line")] * 3)

@@ -99,8 +99,8 @@ def test_the_innermost_running_loader_decides_and_leaving_a_loop_early_forgets_i
                 seen.append(acc.gather_for_metrics(inner["x"]).ravel().tolist())
             seen.append(acc.gather_for_metrics(batch["x"]).ravel().tolist())
         for inner in evaluation:  # left early: nothing runs afterwards
+            del inner
             break
-        del inner
         after = acc.gather_for_metrics(np.array([acc.process_index])).tolist()
         return seen, after
 

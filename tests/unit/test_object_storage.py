@@ -83,7 +83,8 @@ def test_streamed_files_are_the_files_the_folder_writer_writes(tmp_path):
     assert info == safetensors_io.write(str(tmp_path / "f.safetensors"), arrays)
     assert streamed.getvalue() == (tmp_path / "f.safetensors").read_bytes()
     back = safetensors_io.read_stream(io.BytesIO(streamed.getvalue()), "f", info["size"], info["xxh3"], chunk=5)
-    assert np.array_equal(back["w"], np.arange(12, dtype=np.float32).reshape(3, 4)) and back["odd"].tolist() == [0, 1, 2, 3, 4]
+    assert (np.array_equal(back["w"], np.arange(12, dtype=np.float32).reshape(3, 4))
+            and back["odd"].tolist() == [0, 1, 2, 3, 4])
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         damaged = bytearray(streamed.getvalue())
         damaged[-1] ^= 1
@@ -154,7 +155,8 @@ def test_a_save_that_never_committed_is_ignored_then_cleaned_up(bucket, accelera
     assert _same(_params(model2), kept)
     assert fresh.save_state() == f"{url}/run/checkpoints/checkpoint_2"  # past the leftover, never onto it
     # deleted under the run's lease (S3); without one (gs://) it may be another live run's save: kept (issue 46)
-    left = ["checkpoint_0", "checkpoint_2"] if url.startswith("s3://") else ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    left = (["checkpoint_0", "checkpoint_2"] if url.startswith("s3://")
+            else ["checkpoint_0", "checkpoint_1", "checkpoint_2"])
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{url}/run/checkpoints")) == left
 
 
@@ -273,11 +275,13 @@ def test_a_backend_without_sharded_to_store_refuses_sharded_state_on_a_store_and
     url, fs = bucket
     acc, model, optimizer = accelerator_of()
     # one process holds whole arrays: call the weight sharded (DCP writes plain tensors too)
-    monkeypatch.setattr(type(acc._backend), "is_sharded", lambda self, value: torch.is_tensor(value) and value.ndim == 2)
+    monkeypatch.setattr(type(acc._backend), "is_sharded",
+                        lambda self, value: torch.is_tensor(value) and value.ndim == 2)
     acc.save_state(f"{url}/sharded")
     assert any(path.rsplit("/", 1)[-1].startswith("sharded.") for path in fs.ls(f"{url}/sharded", detail=False))
     monkeypatch.setattr(type(acc._backend), "sharded_to_store", False)
-    with pytest.raises(CheckpointError, match=r"to a folder only in this version; nothing was written.*object-storage-limits"):
+    with pytest.raises(CheckpointError,
+                       match=r"to a folder only in this version; nothing was written.*object-storage-limits"):
         acc.save_state(f"{url}/refused")
     assert not fs.exists(f"{url}/refused")
     with pytest.raises(CheckpointError, match=r"cannot read from a store.*object-storage-limits"):

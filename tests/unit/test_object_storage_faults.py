@@ -108,7 +108,8 @@ def test_transient_errors_are_retried_and_persistent_ones_fail_naming_the_object
         faulty.heal()
         assert not fs.exists(f"{url}/b/manifest.json")
 
-        faulty.fail(None, status=500, code="InternalError", method="GET")  # every read fails: so does the load, before restoring
+        # every read fails: so does the load, before restoring
+        faulty.fail(None, status=500, code="InternalError", method="GET")
         before = _params(model)
         with pytest.raises(CheckpointError, match="after the storage client's retries") as caught:
             acc.load_state(f"{url}/a")

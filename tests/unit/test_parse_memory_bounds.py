@@ -66,7 +66,8 @@ HEADERS: Dict[str, Callable[[], bytes]] = {
     "tiny entries": lambda: _entries('{"dtype":"U8","shape":[0],"data_offsets":[0,0]}'),
     "64 dimensions of 0": lambda: _entries('{"dtype":"U8","shape":[' + ",".join("0" * 64) + '],"data_offsets":[0,0]}'),
     # uncached ints: as many as a shape can hold (their product times the item size below 2**63)
-    "7 dimensions of 257": lambda: _entries('{"dtype":"U8","shape":[0' + ",1" * 56 + ",257" * 7 + '],"data_offsets":[0,0]}'),
+    "7 dimensions of 257":
+        lambda: _entries('{"dtype":"U8","shape":[0' + ",1" * 56 + ",257" * 7 + '],"data_offsets":[0,0]}'),
     # more than that: read refuses the shape (NumPy's "array is too big"); header_of kept it
     "63 dimensions of 257": lambda: _entries('{"dtype":"U8","shape":[0' + ",257" * 63 + '],"data_offsets":[0,0]}'),
     "a long name": lambda: json.dumps({"a" * SIZE: {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}).encode(),
@@ -229,6 +230,7 @@ def test_the_checksum_made_in_parts_is_the_checksum_of_the_whole_text(monkeypatc
 
 
 def test_the_checksum_of_large_and_nested_documents_is_unchanged():
-    for body in ([[["ab"] * 200_000]], {"a": [[1, 2], {"c": [3] * 9000}] * 3, "b": {str(i): [i] for i in range(30_000)}},
+    for body in ([[["ab"] * 200_000]],
+                 {"a": [[1, 2], {"c": [3] * 9000}] * 3, "b": {str(i): [i] for i in range(30_000)}},
                  {"x": [{"k%d" % i: [i, "\u00e9\U0001F600"]} for i in range(10_000)]}, {1: "int keys", 2: [3]}, {}, []):
         assert manifest._digest(body) == _reference(body)

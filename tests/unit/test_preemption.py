@@ -136,7 +136,8 @@ def test_the_launcher_reads_the_statuses_behind_an_agent():
 def test_a_preempted_worker_gives_the_others_the_grace_period_to_finish(tmp_path):
     """The first worker's exit 75 does not stop the one still saving (SIGTERM would end it)."""
     first = _mark("preempted") + "sys.exit(75)\n"
-    slow = f"time.sleep(1.5)\nopen({str(tmp_path / 'finished')!r}, 'w').close()\n" + _mark("preempted") + "sys.exit(75)\n"
+    slow = (f"time.sleep(1.5)\nopen({str(tmp_path / 'finished')!r}, 'w').close()\n" + _mark("preempted")
+            + "sys.exit(75)\n")
     assert run_group([_worker(0, first), _worker(1, slow)], process_indices=[0, 1], grace_period=30) == 75
     assert (tmp_path / "finished").exists()
 
@@ -194,7 +195,8 @@ def test_a_configured_signal_fires_the_trigger_and_the_default_ones_keep_their_a
 
 
 def test_the_launcher_refuses_an_unknown_preemption_signal(tmp_path):
-    _launch_refuses(tmp_path, ["--preemption-signals", "SIGWHAT"], "--preemption-signals: Unknown preemption signal 'SIGWHAT'")
+    _launch_refuses(tmp_path, ["--preemption-signals", "SIGWHAT"],
+                    "--preemption-signals: Unknown preemption signal 'SIGWHAT'")
 
 
 def test_the_launcher_forwards_a_configured_signal_and_its_workers_count_it(tmp_path):

@@ -267,7 +267,8 @@ def test_a_truncated_answer_is_asked_again():
 @pytest.mark.parametrize("flags,match", [
     (["--num-machines", "3:2", "--max-restarts", "1"], r"needs 1 <= MIN <= MAX; received 3:2.*#launch-machine-range"),
     (["--nnodes", "2:3"], r"--num-machines 2:3 changes the machines at a restart; pass --max-restarts too"),
-    (["--nnodes", "2:3", "--max-restarts", "1", "--machine-rank", "3"], r"expected 0 <= --machine-rank < --num-machines"),
+    (["--nnodes", "2:3", "--max-restarts", "1", "--machine-rank", "3"],
+     r"expected 0 <= --machine-rank < --num-machines"),
     (["--nnodes", "2", "--max-restarts", "1", "--rendezvous-heartbeat-timeout", "0.5"],
      r"--rendezvous-heartbeat-timeout must be at least 2 seconds .*received 0.5.*#launch-heartbeat-timeout"),
 ])
@@ -323,6 +324,7 @@ def test_the_heartbeat_timeout_reaches_the_rendezvous_and_every_launcher_s_clien
     for flags, want in (([], 15.0), (["--rendezvous-heartbeat-timeout", "4"], 4.0)):
         seen.clear()
         args = launch_module.build_parser().parse_args(
-            ["--num-machines", "2", "--max-restarts", "1", "--main-process-port", str(free_port()), *flags, str(script)])
+            ["--num-machines", "2", "--max-restarts", "1", "--main-process-port", str(free_port()), *flags,
+             str(script)])
         assert launch_module.launch(args) == 1  # the fake client's lost rendezvous
         assert seen == {"heartbeat_timeout": want, "patience": [want]}, flags

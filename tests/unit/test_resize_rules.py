@@ -101,7 +101,8 @@ def test_rng_rule_alike_streams_everywhere_own_streams_kept_new_ones_derived():
     assert two["derived"]["python"] == derived_rng_seed("python", 2, 2, saved[0]["host"]["python"])
     assert resolve_rng(saved, 2)["derived"] == two["derived"]  # deterministic
     three = resolve_rng(saved, 3)["derived"]
-    assert three["python"] != two["derived"]["python"] and two["derived"]["python"] != two["derived"]["gen"]  # unrelated
+    assert (three["python"] != two["derived"]["python"]
+            and two["derived"]["python"] != two["derived"]["gen"])  # unrelated
     other = [_stream(12, 7, 100), _stream(11, 7, 101)]
     assert resolve_rng(other, 2)["derived"]["python"] != two["derived"]["python"]  # another checkpoint
     assert resolve_rng(saved[:1], 1)["derived"] == {}  # one saving process: its streams everywhere

@@ -74,8 +74,8 @@ def test_a_share_that_ends_first_gives_repeats_marked_in_the_layout():
         got.append(batch.tolist())
         layouts.append(loader.batch_layout())
     assert got == [[0, 1], [2, 3], [4, 4], [4, 4]]  # a short batch filled up; then repeats of the last
-    assert [l.kept for l in layouts] == [(2, 2), (2, 2), (1, 2), (0, 2)]
-    assert all(l.rows == (2, 2) for l in layouts) and loader.epoch == 1 and loader.position == 0
+    assert [layout.kept for layout in layouts] == [(2, 2), (2, 2), (1, 2), (0, 2)]
+    assert all(layout.rows == (2, 2) for layout in layouts) and loader.epoch == 1 and loader.position == 0
 
 
 def test_drop_last_stops_at_the_first_step_where_a_share_is_short():
@@ -140,7 +140,8 @@ def _hf(shards: int, per: int):
             for i in range(per):
                 yield {"x": s * per + i}
 
-    return datasets.IterableDataset.from_generator(generate, gen_kwargs={"parts": list(range(shards))}).with_format("numpy")
+    return datasets.IterableDataset.from_generator(generate,
+                                                   gen_kwargs={"parts": list(range(shards))}).with_format("numpy")
 
 
 def test_a_datasets_stream_gives_each_process_its_own_shards_and_resumes_from_its_state():

@@ -24,8 +24,10 @@ def test_a_scenario_declares_capabilities_kit_slots_and_sizes():
         return {}
 
     needs = requirements(accumulates)
-    assert needs.capabilities == ("TrainingLoop", "HealthChannel") and needs.kit == ("loop",) and needs.processes == (2, 3)
-    assert reference(accumulates).endswith(":test_a_scenario_declares_capabilities_kit_slots_and_sizes.<locals>.accumulates")
+    assert (needs.capabilities == ("TrainingLoop", "HealthChannel") and needs.kit == ("loop",)
+            and needs.processes == (2, 3))
+    assert reference(accumulates).endswith(
+        ":test_a_scenario_declares_capabilities_kit_slots_and_sizes.<locals>.accumulates")
     assert requirements(scenario(lambda state: None)).capabilities == ()
 
 
@@ -83,8 +85,8 @@ def test_the_plugin_sees_the_scenarios_a_test_reads():
 
 def test_the_worker_runs_only_declared_scenarios(tmp_path):
     out = tmp_path / "result.json"
-    run = subprocess.run([sys.executable, "-m", "unified.testing.worker", "os.path:join"], capture_output=True, text=True,
-                         env={"UNIFIED_TEST_OUT": str(out), "PATH": ""}, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "unified.testing.worker", "os.path:join"],
+                         capture_output=True, text=True, env={"UNIFIED_TEST_OUT": str(out), "PATH": ""}, timeout=60)
     assert run.returncode != 0 and "is not a conformance scenario" in run.stderr, run.stderr[-2000:]
     assert not out.exists()
     run = subprocess.run([sys.executable, "-m", "unified.testing.worker", "unified.testing.scenarios:identity"],

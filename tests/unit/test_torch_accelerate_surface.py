@@ -18,7 +18,8 @@ def test_prepare_model_and_friends_track_once(torch_accelerator):
     assert torch_accelerator.prepare_model(prepared) is prepared and len(torch_accelerator._models) == 1
     prepared_optimizer = torch_accelerator.prepare_optimizer(optimizer)
     prepared_scheduler = torch_accelerator.prepare_scheduler(scheduler)
-    assert torch_accelerator._optimizers == [prepared_optimizer] and torch_accelerator._schedulers == [prepared_scheduler]
+    assert (torch_accelerator._optimizers == [prepared_optimizer]
+            and torch_accelerator._schedulers == [prepared_scheduler])
     assert [e.name for e in torch_accelerator._checkpoints.entries] == ["model_0", "optimizer_0", "scheduler_0"]
     with pytest.raises(TypeError, match="not a model"):
         torch_accelerator.prepare_model(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1))
@@ -85,7 +86,8 @@ def test_get_state_dict_clip_grad_value_and_no_sync(torch_accelerator):
         torch_accelerator.backward((model(torch.ones(1, 2)) * 100).sum())
     torch_accelerator.clip_grad_value_(model.parameters(), 0.5)
     assert model.weight.grad.abs().max().item() == pytest.approx(0.5)
-    assert torch_accelerator.native_amp is False and torch_accelerator.scaler is None and torch_accelerator.is_fsdp2 is False
+    assert (torch_accelerator.native_amp is False and torch_accelerator.scaler is None
+            and torch_accelerator.is_fsdp2 is False)
 
 
 def test_reduce_ignores_scale_as_accelerate_does_off_xla(torch_accelerator):

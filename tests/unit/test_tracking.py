@@ -72,15 +72,18 @@ def test_a_missing_package_names_the_extra_before_joining_the_group(no_backend, 
 
 @pytest.mark.parametrize("bad", ["tensorbord", "comet_ml", 3, ["mlflow", None]])
 def test_an_unknown_tracker_is_a_value_error_listing_the_choices(no_backend, bad, monkeypatch):
-    monkeypatch.setattr("unified.tracking.registry._installed", lambda module: True)  # ["mlflow", None]: None is the error
-    with pytest.raises(ValueError, match=r"Unsupported tracker in log_with: .*'tensorboard', 'mlflow', 'wandb', 'all'") as info:
+    # ["mlflow", None]: None is the error
+    monkeypatch.setattr("unified.tracking.registry._installed", lambda module: True)
+    with pytest.raises(ValueError,
+                       match=r"Unsupported tracker in log_with: .*'tensorboard', 'mlflow', 'wandb', 'all'") as info:
         Accelerator(log_with=bad, project_dir="unused")
     assert str(info.value).endswith("docs/troubleshooting.md#unknown-tracker")
 
 
 def test_tensorboard_needs_a_logging_directory(no_backend, monkeypatch):
     monkeypatch.setattr("unified.tracking.registry._installed", lambda module: True)
-    with pytest.raises(ValueError, match=r"Logging with 'tensorboard' needs a logging directory.*#tracker-needs-logging-dir"):
+    with pytest.raises(ValueError,
+                       match=r"Logging with 'tensorboard' needs a logging directory.*#tracker-needs-logging-dir"):
         Accelerator(log_with=LoggerType.TENSORBOARD)
 
 
@@ -104,7 +107,8 @@ def test_a_custom_tracker_without_the_interface_is_refused():
     class Incomplete(GeneralTracker):
         pass
 
-    with pytest.raises(NotImplementedError, match=r"must define `name`, `requires_logging_directory`, `tracker`.*#custom-tracker"):
+    with pytest.raises(NotImplementedError,
+                       match=r"must define `name`, `requires_logging_directory`, `tracker`.*#custom-tracker"):
         Incomplete()
 
 
@@ -123,7 +127,8 @@ def test_the_main_process_starts_logs_and_finishes_the_others_do_nothing(tmp_pat
         acc.end_training()
         return got, raw, started
 
-    (main_got, main_raw, main_started), (other_got, other_raw, other_started) = unwrap(run_threads(2, body, group=group))
+    (main_got, main_raw, main_started), (other_got, other_raw, other_started) = unwrap(
+        run_threads(2, body, group=group))
     main, other = trackers
     assert main.calls[:2] == [("start",), ("config", {"lr": 0.1})]
     kind, values, step, kwargs = main.calls[2]
@@ -143,7 +148,8 @@ def test_get_tracker_of_an_unknown_name_and_init_trackers_twice(tmp_path):
     acc = MemoryGroup(1).accelerator(0, log_with=[RecordingTracker()])
     assert isinstance(acc.get_tracker("recording"), NoOpTracker)      # before init_trackers, as in Accelerate
     acc.init_trackers("proj")
-    with pytest.raises(ValueError, match=r"'tensorboard' is not a tracker of this Accelerator; its trackers: 'recording'"):
+    with pytest.raises(ValueError,
+                       match=r"'tensorboard' is not a tracker of this Accelerator; its trackers: 'recording'"):
         acc.get_tracker("tensorboard")
     with pytest.raises(RuntimeError, match=r"init_trackers\(\) was already called.*#init-trackers-twice"):
         acc.init_trackers("proj")
@@ -169,8 +175,9 @@ class FakeBackend:
 
 
 def test_values_reach_the_trackers_on_the_host_through_the_backend():
-    host = to_host({"loss": FrameworkArray(np.float32(0.25)), "one": FrameworkArray([7]), "many": FrameworkArray([1, 2]),
-                    "nested": {"acc": FrameworkArray(np.float64(0.5))}, "plain": 3, "text": "t"}, FakeBackend())
+    host = to_host({"loss": FrameworkArray(np.float32(0.25)), "one": FrameworkArray([7]),
+                    "many": FrameworkArray([1, 2]), "nested": {"acc": FrameworkArray(np.float64(0.5))}, "plain": 3,
+                    "text": "t"}, FakeBackend())
     assert host["loss"] == 0.25 and type(host["loss"]) is float
     assert host["one"] == 7 and type(host["one"]) is int
     assert isinstance(host["many"], np.ndarray) and host["many"].tolist() == [1, 2]

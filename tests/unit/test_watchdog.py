@@ -153,7 +153,8 @@ def test_a_service_out_of_reach_blocks_neither_the_report_nor_the_decision():
         channel.hang.set()
         start = time.monotonic()
         assert exits.event.wait(5)  # running, not in a timed collective: ended at the timeout
-        assert "the coordination service at 10.0.0.1:29500 (process 0's machine) has not answered for 0.4s" in exits.messages[0]
+        assert ("the coordination service at 10.0.0.1:29500 (process 0's machine) has not answered for 0.4s"
+                in exits.messages[0])
         assert time.monotonic() - start < 3
         quiet, _ = make(channel, 1, timeout=0.4)
         start = time.monotonic()
