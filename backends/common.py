@@ -89,7 +89,8 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         raise ValueError(
             "prepare() got a torch DataLoader with a DistributedSampler, which already gives each process its own "
             "part; unified shards the loader itself, so each process would see a part of a part. Build the loader "
-            "with shuffle=True/False (or a sampler that yields the whole epoch) instead." + see("torch-distributed-sampler")
+            "with shuffle=True/False (or a sampler that yields the whole epoch) instead."
+            + see("torch-distributed-sampler")
         )
     # A torch DataLoader already yields CPU tensors: on a CPU run there is nothing to place.
     on_cpu = getattr(getattr(backend, "device", None), "type", None) == "cpu"
@@ -210,10 +211,12 @@ class _SamplerSource:
         import torch
 
         self.sampler, self.seed, self.batches = sampler, int(seed), batches
-        self.stateful = callable(getattr(sampler, "state_dict", None)) and callable(getattr(sampler, "load_state_dict", None))
+        self.stateful = (callable(getattr(sampler, "state_dict", None))
+                         and callable(getattr(sampler, "load_state_dict", None)))
         owners = [sampler, getattr(sampler, "sampler", None)]
         self._generators = [] if self.stateful else [
-            (g, g.initial_seed()) for g in (getattr(o, "generator", None) for o in owners) if isinstance(g, torch.Generator)
+            (g, g.initial_seed()) for g in (getattr(o, "generator", None) for o in owners)
+            if isinstance(g, torch.Generator)
         ]
 
     def length(self) -> Optional[int]:

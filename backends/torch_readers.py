@@ -48,9 +48,9 @@ def worker_info_slot() -> Optional[WorkerInfo]:
     info = getattr(torch_worker, "_worker_info", _MISSING)
     if info is _MISSING or (info is not None and not dataclasses.is_dataclass(info)):
         raise BackendUnavailable(
-            f"torch {torch.__version__} changed DataLoader workers: torch.utils.data._utils.worker._worker_info is gone "
-            "or no longer a dataclass. unified relies on this private torch attribute; install a tested torch version "
-            "(`unified env` shows the tested range) or report it." + see("private-api-changed"))
+            f"torch {torch.__version__} changed DataLoader workers: torch.utils.data._utils.worker._worker_info is "
+            "gone or no longer a dataclass. unified relies on this private torch attribute; install a tested torch "
+            "version (`unified env` shows the tested range) or report it." + see("private-api-changed"))
     return info
 
 
@@ -99,7 +99,8 @@ class Readers(IterableDataset):
     of ``block`` items; the others end).
 
     Example:
-        >>> loader = DataLoader(Readers(stream, 8), batch_size=8, num_workers=2, worker_init_fn=AsGlobalReader(0, 2, None))
+        >>> loader = DataLoader(Readers(stream, 8), batch_size=8, num_workers=2,
+        ...                     worker_init_fn=AsGlobalReader(0, 2, None))
     """
 
     def __init__(self, dataset: Any, block: int) -> None:

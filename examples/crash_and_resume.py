@@ -31,7 +31,8 @@ straight, crashed = (os.path.join(args.workdir, name) for name in ("straight", "
 
 def train(title, project_dir, *extra, launcher=()):
     """Launch train.py on 2 processes, echo its output; return (exit code, output)."""
-    command = [sys.executable, "-m", "unified", "launch", "-n", "2", *(["--backend", args.backend] if args.backend else []),
+    command = [sys.executable, "-m", "unified", "launch", "-n", "2",
+               *(["--backend", args.backend] if args.backend else []),
                *launcher, TRAIN, "--project-dir", project_dir, "--max-steps", str(args.max_steps), *extra]
     print(f"\n=== {title}\n$ {' '.join(command)}", flush=True)
     start, lines = time.monotonic(), []
@@ -55,7 +56,8 @@ problems = []
 code, _ = train("1/2 uninterrupted run", straight)
 if code != 0:
     problems.append(f"the uninterrupted run failed (exit code {code})")
-code, log = train("2/2 run that crashes and is restarted by the launcher", crashed, "--save-every", str(args.save_every),
+code, log = train("2/2 run that crashes and is restarted by the launcher", crashed,
+                  "--save-every", str(args.save_every),
                   "--crash-at-step", str(args.crash_at_step), "--resume", launcher=("--max-restarts", "1"))
 if f"SIGKILL at step {args.crash_at_step}" not in log:
     problems.append(f"the run meant to crash did not crash at step {args.crash_at_step}")

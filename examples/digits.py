@@ -36,8 +36,9 @@ parser.add_argument("--max-grad-norm", type=float, default=0.0, help="clip gradi
 args = parser.parse_args()
 
 # mixed_precision comes from `unified launch --mixed-precision` (UNIFIED_MIXED_PRECISION), else "no".
-accelerator = Accelerator(seed=args.seed, gradient_accumulation_steps=args.grad_accum, project_config=ProjectConfiguration(
-    args.project_dir, automatic_checkpoint_naming=True, total_limit=3))
+accelerator = Accelerator(seed=args.seed, gradient_accumulation_steps=args.grad_accum,
+                          project_config=ProjectConfiguration(
+                              args.project_dir, automatic_checkpoint_naming=True, total_limit=3))
 world = accelerator.num_processes
 if args.batch_size % world:
     raise SystemExit(f"--batch-size {args.batch_size} must be divisible by {world} processes")

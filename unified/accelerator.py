@@ -124,7 +124,8 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         self._preempted = False
         self._ended = False
         # installed once the group is joined: a signal during the join keeps its default action
-        self._signals: Optional[SignalFlag] = SignalFlag.install(self.preemption_signals) if self.handle_preemption else None
+        self._signals: Optional[SignalFlag] = (SignalFlag.install(self.preemption_signals) if self.handle_preemption
+                                               else None)
         self._signals_seen = 0
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
@@ -400,7 +401,8 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         try:
             save_arrays_gathered(path if self.is_main_process and failure is None else None, self._backend, state,
                                  lambda value, name: self._collectives.keyed(
-                                     f"save_model ({name})", lambda key, timeout: sharded.full_array(value, key, timeout)),
+                                     f"save_model ({name})",
+                                     lambda key, timeout: sharded.full_array(value, key, timeout)),
                                  metadata=self._backend.weights_metadata)
         except (OSError, ValueError) as err:
             failure = err
@@ -444,9 +446,9 @@ def _check_handlers(backend: Backend, handlers: List[Any]) -> None:
     accepted = backend.kwargs_handlers if isinstance(backend, TrainingLoop) else ()
     for handler in handlers:
         if handler is not None and type(handler).__name__ not in accepted:
-            raise NotImplementedError(f"kwargs_handlers: {type(handler).__name__} means nothing to the {backend.name!r} "
-                                      f"backend (it applies {', '.join(accepted) or 'none'}); remove it."
-                                      + see("not-supported-yet"))
+            raise NotImplementedError(f"kwargs_handlers: {type(handler).__name__} means nothing to the "
+                                      f"{backend.name!r} backend (it applies {', '.join(accepted) or 'none'}); "
+                                      "remove it." + see("not-supported-yet"))
 
 
 def _check_device_placement(device_placement: Any) -> None:
@@ -493,7 +495,8 @@ def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[Trai
     if precision not in backend.mixed_precisions:
         others = [p for p in backend.mixed_precisions if p != "no"]
         hint = f" Use mixed_precision={others[-1]!r}" + (
-            " (bfloat16 has float32's range, so it needs no loss scaling)." if others[-1] == "bf16" else ".") if others else ""
+            " (bfloat16 has float32's range, so it needs no loss scaling)."
+            if others[-1] == "bf16" else ".") if others else ""
         raise ValueError(f"mixed_precision={precision!r} is not supported by the {backend.name!r} backend.{hint}"
                          + see("mixed-precision-unsupported"))
     return backend

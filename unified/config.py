@@ -177,8 +177,8 @@ class DataLoaderConfiguration:
                 raise NotImplementedError(f"DataLoaderConfiguration({name}={value!r}) is not supported by unified: "
                                           f"{instead}." + see("not-supported-yet"))
         if self.data_seed is not None and (isinstance(self.data_seed, bool) or not isinstance(self.data_seed, int)):
-            raise TypeError(f"DataLoaderConfiguration(data_seed=...) must be an int or None; received {self.data_seed!r}."
-                            + see("not-supported-yet"))
+            raise TypeError(f"DataLoaderConfiguration(data_seed=...) must be an int or None; received "
+                            f"{self.data_seed!r}." + see("not-supported-yet"))
 
 
 @dataclasses.dataclass
@@ -206,14 +206,16 @@ class GradientAccumulationPlugin:
         """The accumulation steps ``plugin`` asks for (``steps``, the constructor's, must be 1 then:
         Accelerate refuses both); a clear error for values unified does not implement."""
         if not all(hasattr(plugin, f) for f in ("num_steps", "sync_with_dataloader", "sync_each_batch")):
-            raise TypeError(f"gradient_accumulation_plugin must be a GradientAccumulationPlugin, not {type(plugin).__name__}."
-                            + see("not-supported-yet"))
+            raise TypeError("gradient_accumulation_plugin must be a GradientAccumulationPlugin, not "
+                            f"{type(plugin).__name__}." + see("not-supported-yet"))
         if steps != 1:
-            raise ValueError("You can only pass one of `gradient_accumulation_steps` and `gradient_accumulation_plugin`. "
-                             "Please only pass in the created `GradientAccumulationPlugin` object." + see("not-supported-yet"))
+            raise ValueError("You can only pass one of `gradient_accumulation_steps` and "
+                             "`gradient_accumulation_plugin`. Please only pass in the created "
+                             "`GradientAccumulationPlugin` object." + see("not-supported-yet"))
         if plugin.sync_with_dataloader is not True:
-            raise NotImplementedError("GradientAccumulationPlugin(sync_with_dataloader=False) is not supported by unified: "
-                                      "the window always closes at the end of a prepared loader." + see("not-supported-yet"))
+            raise NotImplementedError("GradientAccumulationPlugin(sync_with_dataloader=False) is not supported by "
+                                      "unified: the window always closes at the end of a prepared loader."
+                                      + see("not-supported-yet"))
         if plugin.sync_each_batch is not False:
             raise NotImplementedError("GradientAccumulationPlugin(sync_each_batch=True) is not supported by unified: "
                                       "gradients are synchronised once per window." + see("not-supported-yet"))

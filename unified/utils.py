@@ -26,10 +26,11 @@ from .logging import tqdm
 from .runtime.rng import set_seed
 from .tracking import LoggerType
 
-__all__ = ["set_seed", "ProjectConfiguration", "DataLoaderConfiguration", "GradientAccumulationPlugin", "DistributedType",
-           "LoggerType", "tqdm", "KwargsHandler", "DistributedDataParallelKwargs", "GradScalerKwargs",
-           "InitProcessGroupKwargs", "AutocastKwargs", "gather_object", "broadcast_object_list", "gather", "reduce",
-           "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size", "patch_environment"]
+__all__ = ["set_seed", "ProjectConfiguration", "DataLoaderConfiguration", "GradientAccumulationPlugin",
+           "DistributedType", "LoggerType", "tqdm", "KwargsHandler", "DistributedDataParallelKwargs",
+           "GradScalerKwargs", "InitProcessGroupKwargs", "AutocastKwargs", "gather_object", "broadcast_object_list",
+           "gather", "reduce", "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size",
+           "patch_environment"]
 
 
 @contextlib.contextmanager

@@ -202,7 +202,8 @@ class JaxControlPlane:
         except _NoAnswer:
             address = ProcessEnvironment.from_env().coordinator or "?"
             err = TimeoutError(f"the coordination service at {address} (process 0's machine) did not answer "
-                               f"within {timeout + _SERVICE_MARGIN_S:g}s: this machine may have lost its network link to it")
+                               f"within {timeout + _SERVICE_MARGIN_S:g}s: this machine may have lost its network "
+                               "link to it")
             raise self._timeout_error(key, timeout, err, None) from None
 
     def barrier(self, key: str, timeout: float) -> None:
@@ -265,7 +266,8 @@ class JaxControlPlane:
 
     def _get_bytes(self, name: str, owner: int, key: str, timeout: float) -> bytes:
         try:
-            return self._answered(lambda: self._client.blocking_key_value_get_bytes(name, int(timeout * 1000)), key, timeout)
+            return self._answered(lambda: self._client.blocking_key_value_get_bytes(name, int(timeout * 1000)),
+                                  key, timeout)
         except DistributedError:
             raise
         except Exception as err:

@@ -106,7 +106,8 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
             except RuntimeError as err:
                 raise DistributedError(
                     f"Could not join the JAX process group ({err}). Create the Accelerator before any "
-                    "JAX computation, and check that every process got the same coordinator address." + see("jax-join-failed")
+                    "JAX computation, and check that every process got the same coordinator address."
+                    + see("jax-join-failed")
                 ) from err
             self._owns_runtime = True
             atexit.register(self.shutdown)  # runs before JAX's own exit hook (LIFO)

@@ -177,7 +177,8 @@ def cluster_detected() -> bool:
         return False
     # Opt-in types (mpi4py: "installed" is enough to be present) are never auto-detected by JAX.
     return any(env.is_env_present() for env in types
-               if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster") and not getattr(env, "opt_in_only_method", False))
+               if env.__name__ not in ("GkeTpuCluster", "GceTpuCluster")
+               and not getattr(env, "opt_in_only_method", False))
 
 
 def configure_recoverable_group() -> None:

@@ -207,7 +207,8 @@ def holds_shard_files(directory: str) -> bool:
     return any(SHARD_FILE.fullmatch(name) for name in _Files(directory).names())
 
 
-def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int, ...]], Dict[str, int], Dict[str, Any]]:
+def _pieces(files: _Files) -> Tuple[Dict[str, List[_Piece]], Dict[str, Tuple[int, ...]], Dict[str, int],
+                                    Dict[str, Any]]:
     """Every piece of every array, from the files' headers: ``array -> pieces``, each array's
     whole shape, each file's size, each file's data start and entries."""
     pieces: Dict[str, List[_Piece]] = {}
@@ -252,7 +253,8 @@ def _misfit(entries: Mapping[str, Tuple[str, Tuple[int, ...], int, int]],
     return None
 
 
-def _overlap(piece: _Piece, bounds: Tuple[Tuple[int, int], ...]) -> Optional[Tuple[Tuple[slice, ...], Tuple[slice, ...]]]:
+def _overlap(piece: _Piece,
+             bounds: Tuple[Tuple[int, int], ...]) -> Optional[Tuple[Tuple[slice, ...], Tuple[slice, ...]]]:
     """Where ``piece`` and the region ``bounds`` meet: (slices of the piece, slices of the
     region), or None."""
     taken, placed = [], []
@@ -294,8 +296,8 @@ def read_shards(directory: str, like: Mapping[str, Any],
         dtype = np.dtype(value.dtype)
         stored = {piece.dtype for piece in pieces[key]}
         if stored != {safetensors_io.safetensors_dtype(dtype)}:
-            raise CheckpointError(f"{directory}: {key!r} is stored as {sorted(stored)} and is {dtype.name} in this run; "
-                                  "nothing was restored." + see("sharded-load-failed"))
+            raise CheckpointError(f"{directory}: {key!r} is stored as {sorted(stored)} and is {dtype.name} in this "
+                                  "run; nothing was restored." + see("sharded-load-failed"))
         mine = regions.setdefault(key, {})
         for device, index in value.sharding.addressable_devices_indices_map(value.shape).items():
             mine.setdefault(_bounds(index, tuple(value.shape)), []).append(device)

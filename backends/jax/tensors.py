@@ -31,7 +31,8 @@ def shares_memory(value: Any, host: np.ndarray) -> bool:
 def check_like(host: Any, like: Any, path: str) -> None:
     """``host`` (a NumPy or JAX array) has ``like``'s dtype and shape (a typed key: any)."""
     if not is_key(like) and (tuple(host.shape) != tuple(like.shape) or host.dtype != like.dtype):
-        raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; the checkpoint has {host.dtype}{list(host.shape)}")
+        raise ValueError(f"{path}: expected {like.dtype}{list(like.shape)}; "
+                         f"the checkpoint has {host.dtype}{list(host.shape)}")
 
 
 def is_global(value: Any) -> bool:

@@ -33,7 +33,8 @@ class JaxTraining:
                 return self.b(self.drop(self.a(x)))
 
         model = Net(nnx.Rngs(0, dropout=1))
-        optimizer = nnx.Optimizer(model, optax.adamw(optax.exponential_decay(0.05, 2, 0.9, staircase=True)), wrt=nnx.Param)
+        optimizer = nnx.Optimizer(model, optax.adamw(optax.exponential_decay(0.05, 2, 0.9, staircase=True)),
+                                  wrt=nnx.Param)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.counter = Counter()
         acc.register_for_checkpointing(self.counter)

@@ -36,8 +36,8 @@ class _StoreChannel:
 
     def __init__(self, store: Any, size: int) -> None:
         self._store, self._size = store, size
-        self.where = (f"the rendezvous store at {os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} "
-                      "(process 0's machine)")
+        self.where = (f"the rendezvous store at {os.environ.get('MASTER_ADDR', '?')}:"
+                      f"{os.environ.get('MASTER_PORT', '?')} (process 0's machine)")
 
     def post(self, name: str, value: str) -> None:
         self._store.set(name, value)

@@ -235,7 +235,8 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
             elif self.num_processes > 1 and not isinstance(obj, DDP):
                 has_grads = any(p.requires_grad for p in obj.parameters())
                 if has_grads:
-                    options = self._loop.data_parallel_options if self._loop is not None else {}  # DistributedDataParallelKwargs
+                    # DistributedDataParallelKwargs
+                    options = self._loop.data_parallel_options if self._loop is not None else {}
                     obj = _DistributedModel(obj, device_ids=[self._device] if self._device.type == "cuda" else None,
                                             **options)
                     obj._unified_backend = weakref.ref(self)  # a weak reference: deepcopy-safe

@@ -63,7 +63,8 @@ class TorchrunOutput:
 
     Example:
         >>> out = TorchrunOutput(first_index=2, script="train.py")
-        >>> out.label("[rank1]:step 3"), out.label("W1206 07:28:49.337000 19038 torch/distributed/elastic/api.py:1028] x")
+        >>> out.label("[rank1]:step 3"), out.label(
+        ...     "W1206 07:28:49.337000 19038 torch/distributed/elastic/api.py:1028] x")
         ('[3] step 3', None)
     """
 
@@ -115,8 +116,8 @@ class TorchrunOutput:
             self.cause = {}
         if line.startswith("=====") and self.cause.get("rank") and "code" in self.cause:
             self.report = False
-            return (f"[launcher] torchrun: the first process to fail was process {self.offset + int(self.cause['rank'])}, "
-                    f"exit code {self.cause['code']}")
+            return ("[launcher] torchrun: the first process to fail was process "
+                    f"{self.offset + int(self.cause['rank'])}, exit code {self.cause['code']}")
         return None
 
 

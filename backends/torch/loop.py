@@ -195,7 +195,8 @@ def _to_float32(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.float() if value.dtype in (torch.float16, torch.bfloat16) else value
     if isinstance(value, dict):
-        return type(value)({k: _to_float32(v) for k, v in value.items()}) if type(value) is dict else _map_mapping(value)
+        return (type(value)({k: _to_float32(v) for k, v in value.items()}) if type(value) is dict
+                else _map_mapping(value))
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return type(value)(*(_to_float32(v) for v in value))
     if isinstance(value, (list, tuple)):
@@ -276,7 +277,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale = self._scaler.get_scale()
-        result = self._scaler.step(self.optimizer, closure) if closure is not None else self._scaler.step(self.optimizer)
+        result = (self._scaler.step(self.optimizer, closure) if closure is not None
+                  else self._scaler.step(self.optimizer))
         self._scaler.update()
         self._is_overflow = self._scaler.get_scale() < scale
         return result

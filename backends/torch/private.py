@@ -31,7 +31,8 @@ def changed(what: str, detail: str) -> BackendUnavailable:
     """The error for a private attribute that this torch version no longer has."""
     return BackendUnavailable(
         f"torch {torch.__version__} changed {what}: {detail}. unified relies on this private torch attribute; "
-        "install a tested torch version (`unified env` shows the tested range) or report it." + see("private-api-changed")
+        "install a tested torch version (`unified env` shows the tested range) or report it."
+        + see("private-api-changed")
     )
 
 
@@ -72,5 +73,6 @@ def check() -> List[Tuple[str, str]]:
         ("RandomSampler._num_samples", "a shuffled loader's order, reproducible at any process count"),
         ("LRScheduler._step_count", "no scheduler step past OneCycleLR's end"),
         ("OptimizedModule._orig_mod", "unwrap_model of a torch.compile'd model"),
-        ("torch.utils.data._utils.worker._worker_info", "every DataLoader worker of every process one reader of a stream"),
+        ("torch.utils.data._utils.worker._worker_info",
+         "every DataLoader worker of every process one reader of a stream"),
     ]

@@ -13,9 +13,9 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 - `save_sharded` / `load_sharded_hashed`: every process writes only its own shards through
   DCP's safetensors storage layout (one file per process, the offsets in its header; no
   ``.metadata`` pickle) and reads what it needs, both with the hashing storage of
-  `backends.torch.storage` (checksums in the pass over the bytes). `begin_sharded_save` splits the write for async saves: DCP's
-  staging (a host copy of the process's own shards) and the collective planning in the calling
-  thread, the file writes alone in the background.
+  `backends.torch.storage` (checksums in the pass over the bytes). `begin_sharded_save` splits
+  the write for async saves: DCP's staging (a host copy of the process's own shards) and the
+  collective planning in the calling thread, the file writes alone in the background.
 """
 from __future__ import annotations
 
@@ -94,7 +94,8 @@ class TorchSharding(ShardedTraining, ShardedArrays):
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             precision = _MIXED.get(self._loop.mixed_precision if getattr(self, "_loop", None) else "no")
-            options = dict(mesh=self._mesh_for_sharding(), reshard_after_forward=self._fsdp_plugin.reshard_after_forward,
+            options = dict(mesh=self._mesh_for_sharding(),
+                           reshard_after_forward=self._fsdp_plugin.reshard_after_forward,
                            mp_policy=MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
                            if precision is not None else MixedPrecisionPolicy())
             before = dict(model.named_parameters())
@@ -194,7 +195,8 @@ class TorchSharding(ShardedTraining, ShardedArrays):
                 return None
             if not full:
                 return get_optimizer_state_dict(model, inner)
-            whole = get_optimizer_state_dict(model, inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            whole = get_optimizer_state_dict(model, inner,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             return whole if self.process_index == 0 else _placeholders(get_optimizer_state_dict(model, inner))
         return None
 
@@ -321,7 +323,8 @@ class TorchSharding(ShardedTraining, ShardedArrays):
             reader = HashingReader(directory, defer=True, copy_to=copy_to if is_url(directory) else None)
             _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
             if reader.deferred:
-                return {key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()}, reader.hashed
+                return ({key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()},
+                        reader.hashed)
             reader.defer = False  # the same reader (a store's headers are not asked for again)
         target = {key: torch.empty_like(value) for key, value in like.items()}
         _dcp_load(directory, target, reader)

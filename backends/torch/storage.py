@@ -81,7 +81,8 @@ def fill(fills: List[Fill]) -> None:
             raise CheckpointError(f"{path}: changed after it was verified." + see("changed-while-placed"))
         safetensors_io.read_range_into(path, start, raw)
         if check is not None and xxhash.xxh3_64_hexdigest(raw) != check[0]:
-            raise CheckpointError(f"{path}: changed while it was read into the live objects." + see("changed-while-placed"))
+            raise CheckpointError(f"{path}: changed while it was read into the live objects."
+                                  + see("changed-while-placed"))
 
 
 class HashingWriter(HuggingFaceStorageWriter):
@@ -130,7 +131,8 @@ class HashingReader(HuggingFaceStorageReader):
         >>> dcp.load(fresh_tensors, storage_reader=reader); reader.hashed
     """
 
-    def __init__(self, path: str, defer: bool = False, copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> None:
+    def __init__(self, path: str, defer: bool = False,
+                 copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> None:
         super().__init__(path)
         self.target = path  # a folder or an object store's URL (DCP's Path would mangle "s3://")
         self.store = location_of(path) if is_url(path) else None
@@ -165,7 +167,8 @@ class HashingReader(HuggingFaceStorageReader):
         if self.defer:
             self.deferred = self._defer_whole_files(per_file, planner)
             return _done(None)
-        sliced = [item for path, items in per_file.items() if not self._read_whole(path, items, planner) for item in items]
+        sliced = [item for path, items in per_file.items() if not self._read_whole(path, items, planner)
+                  for item in items]
         if sliced and self.store is not None:
             self._read_slices_from_store(sliced, planner)
         elif sliced:  # torch's own reader, for the files needed only in slices
@@ -181,12 +184,14 @@ class HashingReader(HuggingFaceStorageReader):
         storage: Dict[MetadataIndex, Any] = {}
         urls = [f"{self.target.rstrip('/')}/{name}" for name in self.store.files(self.target)
                 if name.endswith(".safetensors") and "/" not in name]
-        for url, (size, (start, entries, extra)) in zip(urls, headers_of(urls, self.store.size_of, self.store.read_range)):
+        for url, (size, (start, entries, extra)) in zip(
+                urls, headers_of(urls, self.store.size_of, self.store.read_range)):
             self._headers[url] = (size, start, entries)
             try:
                 info = json.loads(extra[_SHARDING_INFO]) if _SHARDING_INFO in extra else {}
             except ValueError as err:
-                raise CheckpointError(f"{url}: its {_SHARDING_INFO} is not JSON ({err})." + see("sharded-load-failed")) from err
+                raise CheckpointError(f"{url}: its {_SHARDING_INFO} is not JSON ({err})."
+                                      + see("sharded-load-failed")) from err
             for key, (dtype, shape, _, _) in entries.items():
                 offsets = list(info.get(key, {}).get(_SAVED_OFFSETS, [0] * len(shape)))
                 torch_dtype = _TORCH_DTYPES[dtype]
@@ -212,7 +217,8 @@ class HashingReader(HuggingFaceStorageReader):
         assert self.store is not None
         by_array: Dict[Tuple[str, str], List[ReadItem]] = {}
         for item in items:
-            by_array.setdefault((self.storage_data[item.storage_index].relative_path, item.storage_index.fqn), []).append(item)
+            by_array.setdefault(
+                (self.storage_data[item.storage_index].relative_path, item.storage_index.fqn), []).append(item)
         for (url, key), wanted in by_array.items():
             _, start, entries = self._headers[url]
             dtype, shape, begin, end = entries[key]
@@ -239,7 +245,8 @@ class HashingReader(HuggingFaceStorageReader):
             targets = self._whole_targets(path, items, planner)
             if targets is None:
                 return False
-            size, start, entries = self._headers[path] if self.store is not None else safetensors_io.header_of_file(path)
+            size, start, entries = (self._headers[path] if self.store is not None
+                                    else safetensors_io.header_of_file(path))
             fits = all(key in targets or 0 in shape for key, (_, shape, _, _) in entries.items()) \
                 and all(target.dtype in SAFETENSORS_DTYPES and key in entries
                         and export_tensor(target)[:2] == entries[key][:2] for key, (_, target) in targets.items())
@@ -261,7 +268,8 @@ class HashingReader(HuggingFaceStorageReader):
                 checks = {key: (digest, seen) for key, digest in digests.items()}
             self.hashed[os.path.basename(path)] = got
             for key, (item, target) in targets.items():
-                self.fills.setdefault(item.dest_index.fqn, []).append((local, start + entries[key][2], target, checks.get(key)))
+                self.fills.setdefault(item.dest_index.fqn, []).append(
+                    (local, start + entries[key][2], target, checks.get(key)))
         return True
 
     def _whole_targets(self, path: str, items: List[ReadItem], planner: LoadPlanner
@@ -273,7 +281,8 @@ class HashingReader(HuggingFaceStorageReader):
             info = self.storage_data[item.storage_index]
             whole = all(o == 0 for o in item.storage_offsets) and tuple(item.lengths) == tuple(info.shape)
             target = planner.resolve_tensor(item).detach()
-            if not whole or item.storage_index.fqn in targets or not target.is_contiguous() or target.device.type != "cpu":
+            if (not whole or item.storage_index.fqn in targets or not target.is_contiguous()
+                    or target.device.type != "cpu"):
                 return None
             targets[item.storage_index.fqn] = (item, target)
         return targets
@@ -306,8 +315,8 @@ class HashingReader(HuggingFaceStorageReader):
         if hashed is None:
             return False
         if filled != set(targets):  # the file lost entries since DCP read its header
-            raise CheckpointError(f"{path}: holds no {sorted(set(targets) - filled)[0]!r} any more; it changed while it "
-                                  "was read. Nothing was restored." + see("file-ended"))
+            raise CheckpointError(f"{path}: holds no {sorted(set(targets) - filled)[0]!r} any more; it changed "
+                                  "while it was read. Nothing was restored." + see("file-ended"))
         for item, target in targets.values():
             planner.commit_tensor(item, target)
         self.hashed[os.path.basename(path)] = hashed

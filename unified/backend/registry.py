@@ -91,7 +91,8 @@ def _registry() -> Dict[str, BackendSpec]:
         if not isinstance(spec, BackendSpec) or spec.name != entry.name:
             raise InvalidBackend(
                 f"entry point {entry.name!r} = {entry.value!r} of group {ENTRY_POINT_GROUP!r} must point to a "
-                f"unified.backend.registry.BackendSpec named {entry.name!r}; found {spec!r}." + see("invalid-backend-plugin")
+                f"unified.backend.registry.BackendSpec named {entry.name!r}; found {spec!r}."
+                + see("invalid-backend-plugin")
             )
         specs[entry.name] = spec
     return specs
@@ -135,7 +136,8 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
             if name not in _registry():
                 choices = ", ".join(repr(n) for n in _registry())
                 raise ValueError(
-                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}." + see("invalid-backend")
+                    f"Invalid backend from {source}: expected one of {choices}; received {value!r}."
+                    + see("invalid-backend")
                 )
             return name
     installed = [name for name in available_backends() if name in _DEFAULTS]
@@ -143,7 +145,8 @@ def resolve_backend_name(requested: Optional[str] = None) -> str:
         return installed[0]
     if not installed:
         options = " or ".join(spec.install for name, spec in _registry().items() if name in _DEFAULTS)
-        raise BackendUnavailable("No supported framework is installed. Install one: " + options + "." + see("no-framework"))
+        raise BackendUnavailable("No supported framework is installed. Install one: " + options + "."
+                                 + see("no-framework"))
     return DEFAULT_BACKEND
 
 
@@ -157,6 +160,7 @@ def create_backend(name: str) -> Any:
         )
     cls = load_object(spec.backend)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise InvalidBackend(f"{spec.backend} (backend {name!r}) is not a unified.Backend subclass." + see("invalid-backend-class"))
+        raise InvalidBackend(f"{spec.backend} (backend {name!r}) is not a unified.Backend subclass."
+                             + see("invalid-backend-class"))
     check_backend_class(cls)
     return cls()

@@ -62,10 +62,12 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
         if isinstance(value, dict):
             bad = [k for k in value if not isinstance(k, _KEY_TYPES)]
             if bad:
-                raise TypeError(f"{path}: dict key {bad[0]!r} of type {type(bad[0]).__name__} cannot be stored without pickle.")
+                raise TypeError(f"{path}: dict key {bad[0]!r} of type {type(bad[0]).__name__} cannot be stored "
+                                "without pickle.")
             if all(isinstance(k, str) and not k.startswith("__") for k in value):
                 return {k: walk(v, f"{path}/{k}", depth + 1) for k, v in value.items()}
-            return {"__dict__": [[walk(k, path, depth + 3), walk(v, f"{path}/{k}", depth + 3)] for k, v in value.items()]}
+            return {"__dict__": [[walk(k, path, depth + 3), walk(v, f"{path}/{k}", depth + 3)]
+                                 for k, v in value.items()]}
         if isinstance(value, tuple):
             return {"__tuple__": [walk(v, f"{path}/{i}", depth + 2) for i, v in enumerate(value)]}
         if isinstance(value, list):
@@ -86,8 +88,8 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
 
 
 def _invalid_structure(detail: str) -> CheckpointError:
-    return CheckpointError(f"manifest.json: an object's structure is damaged or hostile ({detail}); load another checkpoint."
-                           + see("invalid-structure"))
+    return CheckpointError(f"manifest.json: an object's structure is damaged or hostile ({detail}); load another "
+                           "checkpoint." + see("invalid-structure"))
 
 
 def _shown(node: Any) -> str:
@@ -119,7 +121,8 @@ def _items(node: Dict[str, Any], key: str, size: int = 0) -> list:
     """``node[key]``, which must be a list (of ``size``-item lists when ``size``)."""
     items = node[key]
     if not isinstance(items, list) or (size and not all(isinstance(i, list) and len(i) == size for i in items)):
-        raise _invalid_structure(f"{key} must be a list{f' of {size}-item lists' if size else ''}, found {_shown(items)}")
+        raise _invalid_structure(f"{key} must be a list{f' of {size}-item lists' if size else ''}, "
+                                 f"found {_shown(items)}")
     return items
 
 
@@ -140,7 +143,8 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
         if not isinstance(name, str):
             raise _invalid_structure(f"array name {_shown(name)}")
         if name not in arrays:
-            raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds." + see("missing-array"))
+            raise CheckpointError(f"the checkpoint's structure names array {name!r}, which no file holds."
+                                  + see("missing-array"))
         if name in used:  # `encode` names each array once; restored objects never share memory
             raise _invalid_structure(f"array {_shown(name)} is named twice")
         used.add(name)

@@ -25,7 +25,8 @@ def save_arrays(path: str, backend: Any, state: Any, metadata: Mapping[str, str]
     returns size and checksum."""
     exported = {}
     for name, value in flat_names(state).items():
-        exported[name] = safetensors_io.export_numpy(value) if isinstance(value, np.ndarray) else backend.export_array(value)
+        exported[name] = (safetensors_io.export_numpy(value) if isinstance(value, np.ndarray)
+                          else backend.export_array(value))
     return safetensors_io.write(path, exported, metadata)
 
 

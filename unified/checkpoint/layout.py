@@ -200,7 +200,8 @@ def _set_aside(final: str) -> Optional[str]:
         return None
     for entry in sorted(os.listdir(parent)):
         match = _LEFTOVER.fullmatch(entry)
-        if match and match["mark"] == OLD_MARK and match["name"] == name and _is_checkpoint(os.path.join(parent, entry)):
+        if (match and match["mark"] == OLD_MARK and match["name"] == name
+                and _is_checkpoint(os.path.join(parent, entry))):
             return os.path.join(parent, entry)
     return None
 

@@ -121,8 +121,8 @@ class Lease:
             return
         self._renew()
         if self.lost:
-            raise CheckpointError(f"{self.url}: this run lost its lease on the checkpoint prefix ({self.lost}); another "
-                                  "run may be saving there. Nothing was saved." + see("store-in-use"))
+            raise CheckpointError(f"{self.url}: this run lost its lease on the checkpoint prefix ({self.lost}); "
+                                  "another run may be saving there. Nothing was saved." + see("store-in-use"))
 
     def release(self) -> None:
         if not self.protected:
@@ -178,7 +178,8 @@ def _take_over(fs: Any, project_dir: str, url: str, path: str) -> str:
         raise CheckpointError(
             f"{project_dir}: another live run saves checkpoints here ({_shown(held, renewed)}); two runs "
             "sharing a prefix would overwrite each other's checkpoints. Give each run its own project_dir, or stop the "
-            f"other run. If that run is gone, its lease ends within {ends_in:.0f}s, or delete {url}." + see("store-in-use"))
+            f"other run. If that run is gone, its lease ends within {ends_in:.0f}s, or delete {url}."
+            + see("store-in-use"))
     try:  # ended, or this job's own (a restart): take it over, unless another run just did
         return _put(fs, path, IfMatch=etag)
     except OSError as err:
@@ -195,7 +196,8 @@ def _probe(fs: Any, path: str, etag: str, probe_create: bool) -> Tuple[str, Dict
     writes that must be refused: a second create of the lease just written (``probe_create``:
     unless a refused create already showed that one) and a write conditional on an ETag the
     lease does not have. A probe the store accepts wrote this run's note again."""
-    probes = [("If-None-Match", {"IfNoneMatch": "*"}, "it accepted a second create of the lease")] if probe_create else []
+    probes = ([("If-None-Match", {"IfNoneMatch": "*"}, "it accepted a second create of the lease")]
+              if probe_create else [])
     probes.append(("If-Match", {"IfMatch": _NO_SUCH_ETAG}, "it accepted a write conditional on an ETag the lease "
                                                           "does not have"))
     ignored: Dict[str, str] = {}
@@ -233,7 +235,8 @@ def _stamps(fs: Any, path: str) -> Tuple[str, float, float]:
 
 def _modified(head: Dict[str, Any]) -> float:
     stamp = head["LastModified"]
-    return stamp.timestamp() if isinstance(stamp, datetime.datetime) else email.utils.parsedate_to_datetime(stamp).timestamp()
+    return (stamp.timestamp() if isinstance(stamp, datetime.datetime)
+            else email.utils.parsedate_to_datetime(stamp).timestamp())
 
 
 def _term(held: Dict[str, Any]) -> float:
@@ -247,7 +250,8 @@ def _term(held: Dict[str, Any]) -> float:
 def _error_code(err: BaseException) -> Tuple[str, Optional[int]]:
     """The S3 error code and HTTP status behind ``err`` (s3fs keeps botocore's error as its cause)."""
     response = getattr(err.__cause__, "response", None) or {}
-    return (response.get("Error") or {}).get("Code") or "", (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return ((response.get("Error") or {}).get("Code") or "",
+            (response.get("ResponseMetadata") or {}).get("HTTPStatusCode"))
 
 
 def _refused(err: OSError, conflicts: bool = True) -> bool:
@@ -286,4 +290,5 @@ def _shown(held: Dict[str, Any], renewed: float) -> str:
     if not held:
         return "a lease this version cannot read"
     stamp = datetime.datetime.fromtimestamp(renewed, datetime.timezone.utc).isoformat(timespec="seconds")
-    return f"pid {held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease renewed at {stamp} by the store's clock"
+    return (f"pid {held.get('pid')} on {held.get('host')}, since {held.get('since')}, lease renewed at {stamp} "
+            "by the store's clock")

@@ -78,9 +78,9 @@ def _merged_hook_files(tmp: str, reports: List[Dict[str, Any]]) -> Dict[str, Any
         for name, info in report.get("hook_files", {}).items():
             first = merged.setdefault(name, (rank, info))
             if first[1] != info:
-                raise CheckpointError(f"{tmp.rstrip('/')}/{name}: written by save-state hooks on processes {first[0]} and "
-                                      f"{rank} with different contents; on a store each process's hook files are uploaded: "
-                                      "write a file on one process only (if accelerator.is_main_process)."
+                raise CheckpointError(f"{tmp.rstrip('/')}/{name}: written by save-state hooks on processes {first[0]} "
+                                      f"and {rank} with different contents; on a store each process's hook files are "
+                                      "uploaded: write a file on one process only (if accelerator.is_main_process)."
                                       + see("state-hooks"))
     return {name: info for name, (_, info) in merged.items()}
 
@@ -348,7 +348,8 @@ def derived_rng_seed(generator: str, process_index: int, saved_processes: int, t
     and checkpoints give unrelated ones.
 
     Example:
-        >>> derived_rng_seed("python", 2, 2, {"state": [1, 2, 3]}) == derived_rng_seed("python", 2, 2, {"state": [1, 2, 3]})
+        >>> derived_rng_seed("python", 2, 2, {"state": [1, 2, 3]}) == derived_rng_seed(
+        ...     "python", 2, 2, {"state": [1, 2, 3]})
         True
     """
     entropy = [zlib.crc32(f"unified-rng/{generator}".encode()), int(process_index), int(saved_processes),
@@ -495,7 +496,8 @@ class CheckpointManager:
                 raise ValueError("automatic_checkpoint_naming needs ProjectConfiguration(project_dir=...)."
                                  + see("auto-naming-needs-project-dir"))
             if output_dir is not None:
-                raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir." + see("auto-naming-output-dir"))
+                raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir."
+                                 + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
             if is_url(folder):
                 self._hold_store(config.project_dir)
@@ -521,7 +523,8 @@ class CheckpointManager:
                 "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
         target = checkpoint_location(target)
-        refusal = self._decided_by_main("save_state (may it write here?)", target, lambda: location_of(target).refusal(target))
+        refusal = self._decided_by_main("save_state (may it write here?)", target,
+                                        lambda: location_of(target).refusal(target))
         if refusal:
             raise CheckpointError(f"{target}: refusing to save here: {refusal}" + see("refusing-to-save-here"))
         return target
@@ -539,7 +542,8 @@ class CheckpointManager:
                 answer = {"error": str(err)}
         answer = self.collectives.broadcast_json(answer, operation=operation)
         if "error" in answer:
-            raise CheckpointError(f"{where}: {operation} failed on process 0: {answer['error']}" + see("store-listing-failed"))
+            raise CheckpointError(f"{where}: {operation} failed on process 0: {answer['error']}"
+                                  + see("store-listing-failed"))
         return answer["value"]
 
     def _hold_folder(self, folder: str) -> None:
@@ -620,7 +624,8 @@ class CheckpointManager:
                                                 operation="save_state (begin)")
         return token, location_of(final).staging(final, token)
 
-    def run_save_hooks(self, tmp: str, run_hooks: Callable[[str], List[str]]) -> Tuple[List[str], Dict[str, Any], Optional[str]]:
+    def run_save_hooks(self, tmp: str,
+                       run_hooks: Callable[[str], List[str]]) -> Tuple[List[str], Dict[str, Any], Optional[str]]:
         """Run the save-state hooks (``run_hooks(folder)``, every process) with the folder they
         write into: ``tmp`` itself, or, on a store (hooks write with ``open()``), a local
         temporary folder whose files are then uploaded into ``tmp``, hashed as they go, and
@@ -648,9 +653,9 @@ class CheckpointManager:
         if snap.sharded and is_url(final) and not getattr(self.sharding, "sharded_to_store", False):
             if snap.hook_files:  # uploaded by the hooks, which ran first
                 location_of(final).discard(final)
-            raise CheckpointError(f"save_state({final!r}): the {self.backend.name!r} backend saves arrays sharded across "
-                                  "processes to a folder only in this version; nothing was written. Save to a folder (on "
-                                  "several machines, one they all mount)." + see("object-storage-limits"))
+            raise CheckpointError(f"save_state({final!r}): the {self.backend.name!r} backend saves arrays sharded "
+                                  "across processes to a folder only in this version; nothing was written. Save to a "
+                                  "folder (on several machines, one they all mount)." + see("object-storage-limits"))
 
     def begin_sharded(self, tmp: str, snap: Snapshot) -> Optional[ShardedWrite]:
         """The calling thread's half of an async save's sharded write (every process; the
@@ -734,7 +739,8 @@ class CheckpointManager:
             # an equal share of them (the decision is the same everywhere: it reads only the reports)
             hashed = self.collectives.all_gather_json(self._hash_share(tmp), operation="save_state (shards hashed)")
             reports = [{**r, "error": h["error"]} if "error" in h else r for r, h in zip(reports, hashed)]
-            reports[0].setdefault("shard_files", {}).update({k: v for h in hashed for k, v in h.get("files", {}).items()})
+            reports[0].setdefault("shard_files", {}).update(
+                {k: v for h in hashed for k, v in h.get("files", {}).items()})
         # A failed commit (full disk, file-size limit...) reaches everyone now, not at the timeout.
         # The main process lists every process's shard files now that all of them are written.
         failed = self._on_main_process(
@@ -742,7 +748,8 @@ class CheckpointManager:
             lambda: self._commit(final, tmp, token, self._list_shard_files(tmp, snap, reports), snap),
             lambda err: _commit_error(final, err))
         if failed:
-            raise CheckpointError(f"a save_state failed on process {failed[0]}: {failed[1]}" + see("background-save-failed"))
+            raise CheckpointError(f"a save_state failed on process {failed[0]}: {failed[1]}"
+                                  + see("background-save-failed"))
         _raise_reported(final, reports)
         return final
 
@@ -796,8 +803,8 @@ class CheckpointManager:
             try:
                 missing = [name for name in self._shard_files(tmp) if name not in hashed and name not in known]
                 if missing and is_url(tmp):  # a store's writers hash what they write: nothing else belongs there
-                    raise StoreError(f"{tmp}: {missing[0]} was written by the sharded writer without its checksum; nothing was committed."
-                                     + see("save-failed"))
+                    raise StoreError(f"{tmp}: {missing[0]} was written by the sharded writer without its checksum; "
+                                     "nothing was committed." + see("save-failed"))
                 reports[0]["files"].update({**hashed, **_hash_files(tmp, missing)})
             except OSError:
                 location_of(tmp).discard(tmp)
@@ -820,7 +827,8 @@ class CheckpointManager:
         channel = self._health()
         if channel is not None:
             try:
-                channel.post(f"{PART_FAILED}/{self.backend.process_index}", json.dumps({"token": token, "error": reason}))
+                channel.post(f"{PART_FAILED}/{self.backend.process_index}",
+                             json.dumps({"token": token, "error": reason}))
             except Exception:  # noqa: BLE001 - the service may be gone; the marker or the timeout still tell
                 pass
 
@@ -963,7 +971,8 @@ class CheckpointManager:
 
         return self._decided_by_main("load_state (is there a checkpoint?)", folder, look)
 
-    def load_newest(self, input_dir: Optional[str], before_restore: Callable[[str], Collection[str]] = lambda folder: (),
+    def load_newest(self, input_dir: Optional[str],
+                    before_restore: Callable[[str], Collection[str]] = lambda folder: (),
                     if_exists: bool = False) -> str:
         """`load_state`'s load (collective); returns the checkpoint it loaded.
 
@@ -988,11 +997,13 @@ class CheckpointManager:
             return directory
         location = location_of(target)
         skipped: List[Tuple[str, str, str]] = []  # (checkpoint, why, where it was set aside)
-        while True:
+
+        def newest_untried() -> Optional[str]:
             tried = {path for path, _, _ in skipped}
-            newest = self._decided_by_main(
-                "load_state (newest)", target,
-                lambda: ([None] + [path for _, path in location.numbered(target) if path not in tried])[-1])
+            return ([None] + [path for _, path in location.numbered(target) if path not in tried])[-1]
+
+        while True:
+            newest = self._decided_by_main("load_state (newest)", target, newest_untried)
             if newest is None:
                 error = self._nothing_verifies(target, skipped, if_exists)  # links to troubleshooting itself
                 raise error
@@ -1069,7 +1080,8 @@ class CheckpointManager:
             lambda err: CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
                                         f"({err})." + see("recover-failed")))
         if failed:
-            raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}" + see("recover-failed"))
+            raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}"
+                                  + see("recover-failed"))
 
     def load(self, directory: str, before_restore: Callable[[str], Collection[str]] = lambda folder: (),
              fall_back: bool = False) -> Dict[str, Any]:
@@ -1116,21 +1128,23 @@ class CheckpointManager:
         hook_saved = set(manifest.get("hook_objects", ()))
         left = sorted(hook_saved - by_hooks)
         if left:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: {', '.join(left)} was saved by a save-state "
-                                  "hook instead of unified, and no load-state hook restored it: register the matching "
-                                  "load hook (accelerator.register_load_state_pre_hook)." + see("state-hooks"))
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: {', '.join(left)} was saved by a "
+                                  "save-state hook instead of unified, and no load-state hook restored it: register "
+                                  "the matching load hook (accelerator.register_load_state_pre_hook)."
+                                  + see("state-hooks"))
         for entry in self.entries:
             if entry.name in by_hooks:
                 continue
             try:
                 entry.set_state(states[entry.name])
             except (KeyError, ValueError, RuntimeError, TypeError) as err:
-                raise CheckpointError(f"{os.path.join(directory, entry.name + '.safetensors')}: cannot restore {entry.name}: {err}"
-                                      + see("cannot-restore")) from err
+                raise CheckpointError(f"{os.path.join(directory, entry.name + '.safetensors')}: cannot restore "
+                                      f"{entry.name}: {err}" + see("cannot-restore")) from err
         self._restore_rng(rng, manifest)
         if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
             folder = os.path.join(self.config.project_dir, layout.CHECKPOINTS)
-            highest = self._decided_by_main("load_state (next number)", folder, lambda: location_of(folder).highest_number(folder))
+            highest = self._decided_by_main("load_state (next number)", folder,
+                                            lambda: location_of(folder).highest_number(folder))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
 
@@ -1148,7 +1162,8 @@ class CheckpointManager:
             return
         mine = None if failure is None else {"reason": failure_reason(failure), "damage": is_damage(failure)}
         gathered = self.collectives.all_gather_json(mine, operation)
-        self._raise_gathered(directory, failure, [(rank, g["reason"], g["damage"]) for rank, g in enumerate(gathered) if g])
+        self._raise_gathered(directory, failure,
+                             [(rank, g["reason"], g["damage"]) for rank, g in enumerate(gathered) if g])
 
     def _raise_gathered(self, directory: str, failure: Optional[BaseException],
                         failed: List[Tuple[int, str, bool]]) -> None:
@@ -1193,7 +1208,8 @@ class CheckpointManager:
         The backend's reader (Orbax) opens the sharded files itself, after they were verified:
         when any of them changed meanwhile (``verified`` holds their identities), what it read may
         not be what was verified, and nothing is restored, on any process."""
-        encoded = {entry.name: codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1] for entry in self.entries}
+        encoded = {entry.name: codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1]
+                   for entry in self.entries}
         current = {name: value for arrays in encoded.values() for name, value in arrays.items()}
         owner = {name: entry for entry, arrays in encoded.items() for name in arrays}  # array -> its object
         names = manifest["sharded"]
@@ -1214,7 +1230,8 @@ class CheckpointManager:
             # a load in two passes (see `_place_sharded`) unless every array is below the size read in place
             bounded = any(int(getattr(value, "nbytes", 0)) >= in_place_min_bytes() for value in like.values())
             if hashing:
-                restored, hashes = self.sharding.load_sharded_hashed(root, like, copy_to=self._copy_for if bounded else None)
+                restored, hashes = self.sharding.load_sharded_hashed(root, like,
+                                                                     copy_to=self._copy_for if bounded else None)
             else:
                 restored = (self.sharding.load_sharded_deferred(root, like) if bounded else None) or \
                     self.sharding.load_sharded(root, like)
@@ -1222,13 +1239,15 @@ class CheckpointManager:
                     self._read_after_check = verified  # the reader reads them later: checked again then
             del like, current, encoded  # a live array replaced later is freed then (`_place_sharded`)
         except Exception as err:
+            read_error = err  # this process's alone (a hashing read is not a collective): shared below
             try:
                 self._refuse_changed(verified)  # the likelier cause of its error
             except CheckpointError as changed:
-                err = changed
-            if not hashing:  # the backend's read was a collective: every process raised
+                read_error = changed
+                if not hashing:  # the backend's read was a collective: every process raised
+                    raise changed
+            if not hashing:
                 raise err
-            read_error = err  # this process's alone (a hashing read is not a collective): shared below
         if hashing:
             self._check_read_hashes(directory, manifest, hashes, verified, read_error)
         else:
@@ -1240,8 +1259,10 @@ class CheckpointManager:
             self._raise_shared(directory, failure, "load_state (sharded files unchanged)")
         by_name = {names[k]: v for k, v in restored.items()}
         later = {owner[n] for n, v in by_name.items() if isinstance(v, DeferredArray)}
-        return {entry.name: ShardedLater(files[entry.name], {n: v for n, v in by_name.items() if owner[n] == entry.name})
-                if entry.name in later else self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
+        return {entry.name: ShardedLater(files[entry.name],
+                                         {n: v for n, v in by_name.items() if owner[n] == entry.name})
+                if entry.name in later
+                else self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
                 for entry in self.entries if entry.name in files}
 
     def _place_sharded(self, directory: str, manifest: Dict[str, Any], candidates: Dict[str, Any],
@@ -1288,9 +1309,9 @@ class CheckpointManager:
             states[name] = self._decode(entry, manifest["structures"][name], pending.arrays, sharded)
         changed = self._changed(self._read_after_check or {}) if failure is None else []
         if changed:
-            failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it was "
-                                      "verified; the objects now hold part of this checkpoint: load it (or another) "
-                                      "again before training." + see("changed-while-placed"))
+            failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it "
+                                      "was verified; the objects now hold part of this checkpoint: load it (or "
+                                      "another) again before training." + see("changed-while-placed"))
         self._raise_shared(directory, failure, "load_state (sharded arrays placed)")
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
@@ -1334,7 +1355,8 @@ class CheckpointManager:
             error = err
         self._share_verified(directory, error, "load_state (sharded files checked)")
 
-    def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any], restored: Optional[Dict[str, Any]] = None) -> Any:
+    def _decode(self, entry: Entry, structure: Any, arrays: Dict[str, Any],
+                restored: Optional[Dict[str, Any]] = None) -> Any:
         """An entry's state from its arrays: NumPy views for managed objects, framework arrays
         over the same private memory otherwise (each array's memory is its own: `codec.decode`
         refuses a structure naming one array twice); ``restored`` arrays (sharded, already placed
@@ -1354,8 +1376,8 @@ class CheckpointManager:
         """The path of file ``name`` of the checkpoint and its manifest entry (size, xxh3)."""
         info = manifest["files"].get(name)
         if info is None:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the checkpoint does not match this run."
-                                  + see("lists-no-file"))
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists no file {name!r}; the "
+                                  "checkpoint does not match this run." + see("lists-no-file"))
         return check_file_name(directory, name), info
 
     def _read_file(self, directory: str, manifest: Dict[str, Any], name: str) -> Dict[str, np.ndarray]:
@@ -1468,8 +1490,8 @@ class CheckpointManager:
                 break
             except Exception as err:  # noqa: BLE001 - a replacement failed (out of device memory...): every process hears it
                 failure = CheckpointError(f"{placing.path}: restoring {name} failed after it was verified "
-                                          f"({type(err).__name__}: {err}); the objects now hold part of this checkpoint: "
-                                          "free memory, then load it (or another) again before training."
+                                          f"({type(err).__name__}: {err}); the objects now hold part of this "
+                                          "checkpoint: free memory, then load it (or another) again before training."
                                           + see("placing-failed"))
                 break
             states[name] = self._decode(by_name[name], manifest["structures"][name], arrays,
@@ -1525,7 +1547,8 @@ class CheckpointManager:
             if name not in structures:
                 raise CheckpointError(f"{where}: has no RNG state for process {r}; refusing to resume without it."
                                       + see("no-rng-state"))
-            state = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"), lambda a: a)
+            state = codec.decode(structures[name], self._read_file(directory, manifest, f"{name}.safetensors"),
+                                 lambda a: a)
             self._check_rng(state, os.path.join(directory, f"{name}.safetensors"))
             streams.append(state)
         if saved == self.backend.num_processes:
@@ -1562,7 +1585,8 @@ class CheckpointManager:
             try:
                 for entry, live in mine_now:
                     where = os.path.join(directory, f"{entry.name}.safetensors")
-                    if entry.name in verified:  # read into the live arrays once everything is checked (`_read_in_place`)
+                    # read into the live arrays once everything is checked (`_read_in_place`)
+                    if entry.name in verified:
                         later = verified[entry.name].result()
                         self._check_fits(entry, live, later.described, set(), where)
                         states[entry.name] = later
@@ -1584,8 +1608,8 @@ class CheckpointManager:
         listed = {name: manifest["files"].get(name) for name in names}
         missing = [name for name, info in listed.items() if info is None]
         if missing:
-            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists hook file {missing[0]!r} without its "
-                                  "size and checksum." + see("manifest-files"))
+            raise CheckpointError(f"{os.path.join(directory, 'manifest.json')}: lists hook file {missing[0]!r} "
+                                  "without its size and checksum." + see("manifest-files"))
         if is_url(directory):  # the hooks read with open(): every process downloads them all, verified
             if names:
                 self._hook_copy = tempfile.mkdtemp(prefix="unified-load-hooks-")
@@ -1593,7 +1617,8 @@ class CheckpointManager:
                 for name in names:
                     local = check_file_name(self._hook_copy, name)
                     os.makedirs(os.path.dirname(local), exist_ok=True)
-                    location.download(f"{directory.rstrip('/')}/{name}", local, listed[name]["size"], listed[name]["xxh3"])
+                    location.download(f"{directory.rstrip('/')}/{name}", local, listed[name]["size"],
+                                      listed[name]["xxh3"])
             return
         share = share_of({name: int(info["size"]) for name, info in listed.items()},
                          self.backend.process_index, self.backend.num_processes)
@@ -1607,14 +1632,15 @@ class CheckpointManager:
         where = os.path.join(directory, "manifest.json")
         if not getattr(self.sharding, "sharded_to_store", False):
             raise CheckpointError(f"{where}: holds arrays sharded across processes on an object store, which the "
-                                  f"{self.backend.name!r} backend cannot read from a store." + see("object-storage-limits"))
+                                  f"{self.backend.name!r} backend cannot read from a store."
+                                  + see("object-storage-limits"))
         store = ObjectStore(directory)
         present = set(self._shard_files(directory))
         unlisted = sorted(present - set(listed))
         if not listed or unlisted:
             what = f"{unlisted[0]} is not listed in it" if unlisted else f"it lists no file of {self.sharded_dir}/"
-            raise CheckpointError(f"{where}: names sharded arrays but {what}; refusing to let the sharded reader open it."
-                                  + see("sharded-files-unlisted"))
+            raise CheckpointError(f"{where}: names sharded arrays but {what}; refusing to let the sharded reader "
+                                  "open it." + see("sharded-files-unlisted"))
         return {path: store.identity(path, int(info["size"]))
                 for path, info in ((check_file_name(directory, name), info) for name, info in listed.items())}
 
@@ -1698,7 +1724,8 @@ class CheckpointManager:
         extra = sorted(set(saved) - set(live) - set(sharded)) if entry.strict else []
         if extra:
             raise CheckpointError(f"{where}: holds tensor(s) {', '.join(map(repr, extra[:5]))} that this run's "
-                                  f"{entry.name} does not have; the checkpoint does not match this model." + see("tensor-mismatch"))
+                                  f"{entry.name} does not have; the checkpoint does not match this model."
+                                  + see("tensor-mismatch"))
 
     def _check_rng(self, rng: Any, where: str) -> None:
         """Refuse, before anything is restored, RNG state that lacks a generator this run has:
@@ -1710,8 +1737,8 @@ class CheckpointManager:
         saved = set(framework if isinstance(framework, dict) else ())
         missing += sorted(set(current) - saved - set(self.backend.optional_rng_state))
         if missing:
-            raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this run; "
-                                  "refusing to resume without it." + see("rng-restore"))
+            raise CheckpointError(f"{where}: has no state for the random generator(s) {', '.join(missing)} of this "
+                                  "run; refusing to resume without it." + see("rng-restore"))
         for name, value in current.items():
             if name not in framework:  # an optional one (`Backend.optional_rng_state`)
                 continue
@@ -1724,7 +1751,8 @@ class CheckpointManager:
         try:  # the host generators refuse a malformed state here, before anything is restored
             restore_host_rng(host)
         except (TypeError, ValueError, KeyError, OverflowError) as err:
-            raise CheckpointError(f"{where}: malformed Python/NumPy generator state ({err})." + see("rng-restore")) from err
+            raise CheckpointError(f"{where}: malformed Python/NumPy generator state ({err})."
+                                  + see("rng-restore")) from err
         finally:
             random.setstate(scratch_random)
             np.random.set_state(scratch_numpy)

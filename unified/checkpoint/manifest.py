@@ -262,8 +262,8 @@ def parse_manifest_json(raw: bytes, path: str) -> Any:
     """``json.loads(raw)`` once the manifest is known to be ASCII (as our writer makes it), not
     nested beyond `MAX_MANIFEST_DEPTH` and cheap enough to parse (`MAX_PARSE_RATIO`)."""
     if not raw.isascii():
-        raise CheckpointError(f"{path}: not a valid manifest (it holds non-ASCII bytes; unified writes it as ASCII JSON)."
-                              + see("manifest-invalid"))
+        raise CheckpointError(f"{path}: not a valid manifest (it holds non-ASCII bytes; unified writes it as ASCII "
+                              "JSON)." + see("manifest-invalid"))
     depth, cost = json_parse_cost(raw)
     if depth > MAX_MANIFEST_DEPTH:
         raise CheckpointError(f"{path}: nested {depth} levels deep; unified writes at most {MAX_MANIFEST_DEPTH}. "
@@ -299,7 +299,8 @@ def _refuse_links(directory: str, folders: Any, checked: Set[str]) -> None:
         except OSError:
             return  # missing: opening the file will say so
         if stat.S_ISLNK(mode):
-            raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it." + see("link-inside-checkpoint"))
+            raise CheckpointError(f"{path}: a link inside the checkpoint; refusing to follow it."
+                                  + see("link-inside-checkpoint"))
         checked.add(path)
 
 
@@ -338,7 +339,8 @@ def _read_manifest_bytes(path: str) -> bytes:
         size = os.fstat(fd).st_size
         raw = handle.read(size + 1) if size <= MAX_MANIFEST_BYTES else b""
     if size > MAX_MANIFEST_BYTES or len(raw) > MAX_MANIFEST_BYTES:
-        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it." + see("manifest-too-large"))
+        raise CheckpointError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it."
+                              + see("manifest-too-large"))
     return raw
 
 
@@ -358,7 +360,8 @@ def _check_fields(body: Dict[str, Any], path: str) -> None:
             well_typed = well_typed and all(isinstance(name, str) for name in value.values())
         if not well_typed:
             raise CheckpointError(f"{path}: field {key!r} must be {description}; found {_shown(value)}. "
-                                  "The manifest is damaged or hostile: load another checkpoint." + see("manifest-field"))
+                                  "The manifest is damaged or hostile: load another checkpoint."
+                                  + see("manifest-field"))
 
 
 def _check_files(directory: str, files: Any, path: str) -> None:
@@ -390,18 +393,21 @@ def check_manifest(document: Any, directory: str) -> Dict[str, Any]:
                               + see("manifest-invalid"))
     body = {k: v for k, v in document.items() if k != "manifest_xxh3"}
     if body.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {_shown(body.get('format'))})." + see("manifest-format"))
+        raise CheckpointError(f"{path}: not a unified checkpoint manifest (format {_shown(body.get('format'))})."
+                              + see("manifest-format"))
     if not (_is_int(body.get("format_version")) and body["format_version"] == FORMAT_VERSION):
         raise CheckpointError(
-            f"{path}: format version {_shown(body.get('format_version'))}; this unified reads version {FORMAT_VERSION}. "
-            "Upgrade unified to load it." + see("manifest-version")
+            f"{path}: format version {_shown(body.get('format_version'))}; this unified reads version "
+            f"{FORMAT_VERSION}. Upgrade unified to load it." + see("manifest-version")
         )
     try:
         digest = _digest(body)
     except RecursionError as err:  # nesting hidden by brackets in strings (see json_parse_cost)
-        raise CheckpointError(f"{path}: not a valid manifest (nested too deep to check)." + see("manifest-invalid")) from err
+        raise CheckpointError(f"{path}: not a valid manifest (nested too deep to check)."
+                              + see("manifest-invalid")) from err
     if document["manifest_xxh3"] != digest:
-        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)." + see("manifest-modified"))
+        raise CheckpointError(f"{path}: the manifest was modified after it was written (checksum mismatch)."
+                              + see("manifest-modified"))
     _check_fields(body, path)
     _check_files(directory, body.get("files"), path)
     return body

@@ -315,7 +315,8 @@ def describe(read_at: Callable[[int, int], bytes], path: str, size: int) -> Dict
     return _header_at(read_at, path, size, lambda key, dtype, shape, start: (safetensors_dtype(dtype), tuple(shape)))[1]
 
 
-def header_of_file(path: str, name: Optional[str] = None) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
+def header_of_file(path: str,
+                   name: Optional[str] = None) -> Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]:
     """A regular file's size, then `header_of`'s data start and entries (never a link, FIFO or
     device); ``name``: what its errors call the file (a local copy's object), else ``path``.
 
@@ -488,8 +489,8 @@ def write_one_by_one(path: Optional[str], specs: Mapping[str, Tuple[str, Sequenc
                 done += 1
                 dtype, shape, raw = export_numpy(np.asarray(value))
                 if (dtype, tuple(shape)) != sizes[name][:2]:
-                    raise ValueError(f"{name}: expected {sizes[name][0]} {list(sizes[name][1])}, got {dtype} {list(shape)}"
-                                     + see("save-model-failed"))
+                    raise ValueError(f"{name}: expected {sizes[name][0]} {list(sizes[name][1])}, "
+                                     f"got {dtype} {list(shape)}" + see("save-model-failed"))
                 view = memoryview(raw)
                 digest.update(view)
                 _pwrite_all(fd, view, position)
@@ -547,8 +548,8 @@ def cannot_open(path: str, err: OSError) -> CheckpointError:
 
 
 def size_mismatch(path: str, actual: int, size: int) -> CheckpointError:
-    return CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or replaced."
-                           + see("size-mismatch"))
+    return CheckpointError(f"{path}: size is {actual} bytes; the manifest says {size}. The file is truncated or "
+                           "replaced." + see("size-mismatch"))
 
 
 def read(path: str, size: int, checksum: str) -> Dict[str, np.ndarray]:
@@ -571,9 +572,10 @@ def read_placed(path: str, size: int, checksum: str, into: Mapping[str, Any]
                 ) -> Tuple[Dict[str, np.ndarray], List[str]]:
     """`read`, with the arrays named in ``into`` read straight into the memory given there (a
     writable contiguous uint8 view of exactly the entry's bytes, such as a live tensor's), or
-    handed off one by one through a staging buffer (a callable: see `Placing`); returns the other arrays (fresh memory) and the names read into place. The
-    checksum is compared once the whole file is read: when it fails, the places hold bytes that
-    were not verified, and the caller must say so.
+    handed off one by one through a staging buffer (a callable: see `Placing`); returns the
+    other arrays (fresh memory) and the names read into place. The checksum is compared once
+    the whole file is read: when it fails, the places hold bytes that were not verified, and
+    the caller must say so.
 
     Example:
         >>> weight = np.zeros(12, np.uint8)      # the memory of a float32 [3] tensor
@@ -697,7 +699,8 @@ def read_range_into(path: str, start: int, out: np.ndarray) -> None:
 
 
 def checksum_mismatch(path: str) -> CheckpointError:
-    return CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified." + see("checksum-mismatch"))
+    return CheckpointError(f"{path}: checksum mismatch - the file is corrupted or was modified."
+                           + see("checksum-mismatch"))
 
 
 def _ended(fd: int, path: str, size: int) -> CheckpointError:
@@ -816,7 +819,8 @@ def _lay_out(header: str, data_size: int, name: str,
                 raise _not_safetensors(name, f"entry {_shown(key)} appears twice")
             total += end - start
             if total > data_size:
-                raise _not_safetensors(name, f"its arrays overlap or leave bytes of the {data_size}-byte data section unused")
+                raise _not_safetensors(name, f"its arrays overlap or leave bytes of the {data_size}-byte data "
+                                             "section unused")
             arrays[key] = make(key, dtype, shape, start)
             starts.append(start)
             ends.append(end)

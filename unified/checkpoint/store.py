@@ -343,7 +343,8 @@ class ObjectStore:
             >>> ObjectStore("s3://b/run").delete("s3://b/run/checkpoints/checkpoint_0")
         """
         manifest = f"{prefix.rstrip('/')}/{MANIFEST}"
-        for url, what, left in ((manifest, "its manifest", "nothing was deleted: the checkpoint is intact and still listed"),
+        for url, what, left in ((manifest, "its manifest",
+                                 "nothing was deleted: the checkpoint is intact and still listed"),
                                 (prefix, "its files", "its manifest is deleted, so it is never listed or loaded again; "
                                  "its remaining objects are deleted by a later save of a run that holds this prefix's "
                                  "lease, or delete the prefix with your store's tools")):
@@ -424,7 +425,8 @@ class ObjectStore:
                     for upload in listed.get("Uploads", []):
                         match = _AUTO_NAME.match(upload["Key"][len(prefix):].split("/", 1)[0])
                         if match and int(match.group(1)) <= newest:
-                            call("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                            call("abort_multipart_upload", Bucket=bucket, Key=upload["Key"],
+                                 UploadId=upload["UploadId"])
                     if not listed.get("IsTruncated"):
                         return
                     page = {"KeyMarker": listed["NextKeyMarker"], "UploadIdMarker": listed["NextUploadIdMarker"]}
@@ -442,9 +444,11 @@ class ObjectStore:
             with _reaching(url, "reading", CheckpointError):
                 size = self.fs.size(self._path(url))
         except FileNotFoundError as err:
-            raise CheckpointError(f"{url}: missing; this prefix holds no complete checkpoint." + see("manifest-missing")) from err
+            raise CheckpointError(f"{url}: missing; this prefix holds no complete checkpoint."
+                                  + see("manifest-missing")) from err
         if size > MAX_MANIFEST_BYTES:
-            raise CheckpointError(f"{url}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it." + see("manifest-too-large"))
+            raise CheckpointError(f"{url}: larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it."
+                                  + see("manifest-too-large"))
         with _reaching(url, "reading", CheckpointError):
             text = self.fs.cat_file(self._path(url))
         return check_manifest(parse_manifest_json(text, url), directory)
@@ -601,7 +605,8 @@ Header = Tuple[int, Dict[str, Tuple[str, Tuple[int, ...], int, int]], Dict[str, 
 
 
 def private_copy(store: ObjectStore, url: str, local: str, size: int,
-                 planned: Tuple[int, Mapping[str, Tuple[str, Tuple[int, ...], int, int]]]) -> Optional[Dict[str, object]]:
+                 planned: Tuple[int, Mapping[str, Tuple[str, Tuple[int, ...], int, int]]]
+                 ) -> Optional[Dict[str, object]]:
     """A sharded reader's first pass over an object it needs whole: streamed into the new file
     ``local`` of a private folder through one bounded buffer, hashed (the caller compares the
     size and xxh3 returned with the manifest's before anything is restored; the copy, private,

@@ -134,10 +134,11 @@ def resolve_handlers(handlers: Optional[Iterable[Any]]) -> Handlers:
     for handler in handlers or []:
         slot = _SLOTS.get(type(handler).__name__)
         if slot is None or not callable(getattr(handler, "to_kwargs", None)):
-            raise NotImplementedError(f"kwargs_handlers: {type(handler).__name__} is not supported by unified; it takes "
-                                      f"{', '.join(_SLOTS)}." + see("not-supported-yet"))
+            raise NotImplementedError(f"kwargs_handlers: {type(handler).__name__} is not supported by unified; it "
+                                      f"takes {', '.join(_SLOTS)}." + see("not-supported-yet"))
         if getattr(resolved, slot) is not None:
-            raise ValueError(f"You can only pass one {type(handler).__name__} in `kwargs_handlers`." + see("not-supported-yet"))
+            raise ValueError(f"You can only pass one {type(handler).__name__} in `kwargs_handlers`."
+                             + see("not-supported-yet"))
         setattr(resolved, slot, handler)
     ddp = options_of(resolved.ddp_handler)
     if "comm_hook" in ddp or "comm_wrapper" in ddp:  # `to_kwargs` keeps only what differs from the defaults
@@ -145,8 +146,8 @@ def resolve_handlers(handlers: Optional[Iterable[Any]]) -> Handlers:
                                   "its default all-reduce." + see("not-supported-yet"))
     init = options_of(resolved.init_handler)
     if init.get("init_method") is not None or init.get("backend", "nccl") not in (None, "nccl", "gloo"):
-        raise NotImplementedError("InitProcessGroupKwargs(backend=..., init_method=...) is not supported by unified: it "
-                                  "picks gloo on CPU and NCCL on GPU and joins through the launcher's environment; "
+        raise NotImplementedError("InitProcessGroupKwargs(backend=..., init_method=...) is not supported by unified: "
+                                  "it picks gloo on CPU and NCCL on GPU and joins through the launcher's environment; "
                                   "only timeout= is taken." + see("not-supported-yet"))
     if init.get("timeout") is not None:
         resolved.timeout = init["timeout"].total_seconds()

@@ -17,8 +17,8 @@ from ..errors import see
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
 
-__all__ = ["current", "current_or_none", "set_current", "gather_object", "broadcast_object_list", "gather", "reduce", "broadcast", "pad_across_processes",
-           "release_memory", "find_executable_batch_size"]
+__all__ = ["current", "current_or_none", "set_current", "gather_object", "broadcast_object_list", "gather", "reduce",
+           "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size"]
 
 _current: Optional["weakref.ReferenceType[Accelerator]"] = None
 # the Accelerator a thread made itself comes first (the in-memory test groups run one per thread)
@@ -44,7 +44,8 @@ def current() -> "Accelerator":
     accelerator = current_or_none()
     if accelerator is None:
         raise RuntimeError("unified.utils collectives need a live Accelerator in this process: create "
-                           "Accelerator(...) first (and do not call them after end_training())." + see("no-accelerator"))
+                           "Accelerator(...) first (and do not call them after end_training())."
+                           + see("no-accelerator"))
     return accelerator
 
 
@@ -71,7 +72,8 @@ def broadcast_object_list(object_list: List[Any], from_process: int = 0) -> List
     accelerator = current()
     if accelerator.num_processes > 1:
         mine = list(object_list) if accelerator.process_index == from_process else None
-        object_list[:] = accelerator._collectives.broadcast_json(mine, src=from_process, operation="broadcast_object_list")
+        object_list[:] = accelerator._collectives.broadcast_json(mine, src=from_process,
+                                                                 operation="broadcast_object_list")
     return object_list
 
 
@@ -172,7 +174,8 @@ def find_executable_batch_size(function: Optional[Callable[..., Any]] = None, st
         if len(params) < len(args) + 1:
             passed = ", ".join(f"{name}={value}" for name, value in zip(params[1:], args[1:]))
             raise TypeError(f"Batch size was passed into `{function.__name__}` as the first argument when called. "
-                            f"Remove it, as the decorator passes it: `{function.__name__}({passed})`." + see("batch-size-search"))
+                            f"Remove it, as the decorator passes it: `{function.__name__}({passed})`."
+                            + see("batch-size-search"))
         while True:
             if batch_size == 0:
                 raise RuntimeError("No executable batch size found, reached zero." + see("batch-size-search"))

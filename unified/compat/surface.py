@@ -87,9 +87,9 @@ def check_accelerate_kwargs(kwargs: Dict[str, Any], gradient_accumulation_steps:
     if kwargs.pop("split_batches", False):
         # Accelerate 1.15 takes the argument and ignores it (DataLoaderConfiguration holds the
         # setting); a script passing it runs as it runs there, and is told so
-        warnings.warn("Accelerator(split_batches=True) is ignored, as Accelerate 1.15 ignores it: each process gets the "
-                      "loader's batch_size. DataLoaderConfiguration(split_batches=True) is not supported by unified."
-                      + see("not-supported-yet"), FutureWarning, stacklevel=3)
+        warnings.warn("Accelerator(split_batches=True) is ignored, as Accelerate 1.15 ignores it: each process gets "
+                      "the loader's batch_size. DataLoaderConfiguration(split_batches=True) is not supported by "
+                      "unified." + see("not-supported-yet"), FutureWarning, stacklevel=3)
     plugin = kwargs.pop("gradient_accumulation_plugin", None)
     if plugin is not None:
         gradient_accumulation_steps = GradientAccumulationPlugin.steps_of(plugin, gradient_accumulation_steps)
@@ -99,7 +99,8 @@ def check_accelerate_kwargs(kwargs: Dict[str, Any], gradient_accumulation_steps:
                 f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
                 f"gradient_accumulation_steps, gradient_accumulation_plugin, handle_preemption, log_with, fsdp_plugin, "
                 f"dataloader_config, step_scheduler_with_optimizer, project_dir, project_config, seed, timeout, and "
-                f"Accelerate's {', '.join(sorted(_ACCELERATE_KWARGS))} at their default values." + see("unexpected-keyword"))
+                f"Accelerate's {', '.join(sorted(_ACCELERATE_KWARGS))} at their default values."
+                + see("unexpected-keyword"))
         accepted, instead = _ACCELERATE_KWARGS[name]
         if value not in accepted:
             raise NotImplementedError(f"Accelerator({name}={value!r}) is not supported by unified: {instead} (or pass "
@@ -240,7 +241,8 @@ class AccelerateSurface:
         raise _unsupported("Context parallelism", "as in Accelerate, which does not support it either")
 
     @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None, no_restore_buffers: Any = None) -> Any:
+    def maybe_context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None,
+                               no_restore_buffers: Any = None) -> Any:
         """A no-op context, as Accelerate's without context parallelism.
 
         Example:

@@ -48,13 +48,15 @@ class DataLoader:
                  drop_last: bool = False, collate_fn: Optional[Callable[[List[Any]], Any]] = None,
                  prefetch: int = 0) -> None:
         if batch_size < 1:
-            raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}." + see("invalid-batch-size"))
+            raise ValueError(f"Invalid batch_size: expected an integer >= 1; received {batch_size!r}."
+                             + see("invalid-batch-size"))
         if not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"Invalid prefetch: expected an integer >= 0 (batches placed ahead); received {prefetch!r}."
-                             + see("invalid-prefetch"))
+            raise ValueError(f"Invalid prefetch: expected an integer >= 0 (batches placed ahead); received "
+                             f"{prefetch!r}." + see("invalid-prefetch"))
         if prefetch and _is_iterable_dataset(dataset):
             raise ValueError("prefetch works with map-style datasets (__len__ and __getitem__) only; an iterable "
-                             "stream's position would move ahead of the training loop. Use prefetch=0." + see("invalid-prefetch"))
+                             "stream's position would move ahead of the training loop. Use prefetch=0."
+                             + see("invalid-prefetch"))
         self.prefetch = prefetch
         self.dataset = dataset
         self.batch_size = int(batch_size)
@@ -91,7 +93,8 @@ class PreparedDataLoader:
         self._backend = backend
         self._place = place or backend.place_batch
         # index lists -> batches; a torch DataLoader plugs in its own (worker processes)
-        self._batches = batches or (lambda lists, epoch: (source.collate_fn([self.dataset[i] for i in ix]) for ix in lists))
+        self._batches = batches or (lambda lists, epoch: (source.collate_fn([self.dataset[i] for i in ix])
+                                                          for ix in lists))
         self.epoch = 0
         self.position = 0  # index of the next global batch in this epoch
         # told before each batch is yielded whether it is the epoch's last (closes an accumulation window)
@@ -291,9 +294,9 @@ class PreparedIterableLoader:
     and process ``r`` keeps the ``r``-th ``B`` of them. An incomplete last global batch is
     dropped with ``drop_last=True``; otherwise it is filled up by repeating its own items, and
     `batch_layout` tells which rows are repeats (as for map-style data). A dataset with
-    ``state_dict`` / ``load_state_dict`` (torchdata's protocol) is checkpointed through them, so a resume continues the stream without reading it again;
-    other streams are read from the start and the consumed batches dropped on the host, never
-    collated or moved to a device.
+    ``state_dict`` / ``load_state_dict`` (torchdata's protocol) is checkpointed through them, so
+    a resume continues the stream without reading it again; other streams are read from the
+    start and the consumed batches dropped on the host, never collated or moved to a device.
     """
 
     def __init__(self, source: Any, backend: Placement, seed: Optional[int]) -> None:

@@ -237,7 +237,8 @@ class HuggingFaceStream:
     def _part(self, epoch: int) -> Any:
         from datasets.distributed import split_dataset_by_node
 
-        part = split_dataset_by_node(self.dataset, rank=self.rank, world_size=self.world) if self.world > 1 else self.dataset
+        part = (split_dataset_by_node(self.dataset, rank=self.rank, world_size=self.world) if self.world > 1
+                else self.dataset)
         part.set_epoch(epoch)  # a new shuffle of shards and buffer each epoch, the same on every process
         return part
 

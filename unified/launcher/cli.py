@@ -13,7 +13,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["launch"]:  # its own parser: the script's arguments are never matched against ours
         return launch_module.main(argv[1:])
-    parser = argparse.ArgumentParser(prog="unified", description="One Accelerator for PyTorch and JAX.", allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="unified", description="One Accelerator for PyTorch and JAX.",
+                                     allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     launch_module.build_parser(commands.add_parser("launch", help="start a multi-process run"))
     commands.add_parser("env", help="print versions and devices for bug reports")

@@ -60,7 +60,8 @@ def job_key(environ: Mapping[str, str] = os.environ) -> JobKey:
             f"unified launch: several machines with --max-restarts need a secret that every machine of the job "
             f"shares and nobody else has: machine 0's rendezvous answers only the job's own launchers. Set "
             f"{SECRET_VARIABLE} to the same random value on every machine before starting the job, e.g. "
-            f"`export {SECRET_VARIABLE}=$({new_secret_command})` in the batch script, before srun." + see("launch-secret"))
+            f"`export {SECRET_VARIABLE}=$({new_secret_command})` in the batch script, before srun."
+            + see("launch-secret"))
     if len(secret) < MIN_SECRET_CHARACTERS or len(set(secret)) < 8:
         raise SystemExit(
             f"unified launch: {SECRET_VARIABLE} is too weak to keep strangers out ({len(secret)} characters, "

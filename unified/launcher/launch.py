@@ -51,7 +51,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
     parser.add_argument("--backend", choices=backend_names(), default=None,
                         help="backend of the group (default: UNIFIED_BACKEND, else the installed one, else torch)")
     parser.add_argument("--main-process-port", "--main_process_port", type=int, default=None,
-                        help="port of the rendezvous/coordinator (default: a free port on one machine, 29500 on several)")
+                        help="port of the rendezvous/coordinator (default: a free port on one machine, 29500 on "
+                             "several)")
     parser.add_argument("--num-machines", "--num_machines", "--nnodes", type=_machine_range, default=(1, 1),
                         metavar="N|MIN:MAX",
                         help="machines of the group (default 1); MIN:MAX with --max-restarts: a restart goes on "
@@ -95,7 +96,8 @@ def build_parser(parser: Optional[argparse.ArgumentParser] = None) -> argparse.A
                              f"signed with {SECRET_VARIABLE}, the same on every machine (docs/security.md)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER,
-                        help="arguments for the script: everything after its path is the script's, never the launcher's")
+                        help="arguments for the script: everything after its path is the script's, never the "
+                             "launcher's")
     return parser
 
 
@@ -162,7 +164,8 @@ def _refuse_port_in_use(port: int) -> None:
 
 def _validate(args: argparse.Namespace) -> None:
     if args.num_processes < 1:
-        raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}." + see("launch-num-processes"))
+        raise SystemExit(f"unified launch: --num-processes must be >= 1; received {args.num_processes}."
+                         + see("launch-num-processes"))
     if not 1 <= args.min_machines <= args.num_machines:
         raise SystemExit(f"unified launch: --num-machines MIN:MAX needs 1 <= MIN <= MAX; received "
                          f"{args.min_machines}:{args.num_machines}." + see("launch-machine-range"))
@@ -178,7 +181,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise SystemExit(f"unified launch: --grace-period must be >= 0 seconds; received {args.grace_period}."
                          + see("launch-grace-period"))
     if getattr(args, "max_restarts", 0) < 0:
-        raise SystemExit(f"unified launch: --max-restarts must be >= 0; received {args.max_restarts}." + see("launch-max-restarts"))
+        raise SystemExit(f"unified launch: --max-restarts must be >= 0; received {args.max_restarts}."
+                         + see("launch-max-restarts"))
     heartbeat = getattr(args, "rendezvous_heartbeat_timeout", HEARTBEAT_TIMEOUT_S)
     if not heartbeat >= MIN_HEARTBEAT_TIMEOUT_S:
         raise SystemExit(f"unified launch: --rendezvous-heartbeat-timeout must be at least {MIN_HEARTBEAT_TIMEOUT_S:g} "
@@ -302,7 +306,8 @@ def _launch_together(args: argparse.Namespace, backend: str, launcher: Launcher,
             if beat.lost:  # machine 0 is gone: nobody is left to agree with
                 note(beat.lost)
                 return code or 1
-            kind = together.FAILED if outcome in RESTARTABLE else together.DONE if outcome == FINISHED else together.LEAVES
+            kind = (together.FAILED if outcome in RESTARTABLE
+                    else together.DONE if outcome == FINISHED else together.LEAVES)
             verdict = beat.end(kind, outcome)
             if kind == together.LEAVES or verdict["verdict"] != together.RESTART:
                 return _final(verdict, code)

@@ -422,7 +422,8 @@ def run_group_outcome(workers: Sequence[Worker], remote_peers: bool = False,
         note(f"unified launch: {group.stopped_for}; stopped this machine's processes.")
         return code, ENDED_ELSEWHERE
     if code == OUTPUT_CLOSED_CODE and output.closed.is_set():
-        note(f"unified launch: the output was closed (its reader ended); stopped the processes.{see('launch-output-closed')}")
+        note("unified launch: the output was closed (its reader ended); stopped the processes."
+             f"{see('launch-output-closed')}")
         return code, OUTPUT_CLOSED
     if code == PREEMPTED_EXIT_CODE and group.preempted:
         note(f"unified launch: every process exited as preempted (exit code {PREEMPTED_EXIT_CODE}); "
@@ -495,7 +496,8 @@ class _Group:
                 return 1
             codes = [p.poll() for p, _ in self.mains]
             failed = [c for c in codes if c not in (None, 0)]
-            failed += [p.returncode or 1 for p, w in zip(self.procs, self.workers) if w.service and p.poll() is not None]
+            failed += [p.returncode or 1 for p, w in zip(self.procs, self.workers)
+                       if w.service and p.poll() is not None]
             if failed and all(c is not None for c in codes) or all(c == 0 for c in codes):
                 break
             if failed:

@@ -121,7 +121,8 @@ class Rendezvous:
         number is not above this launcher's last (a request recorded and sent again)."""
         with self.lock:
             holder = self.holders.get(machine)
-            if holder is not None and holder != launcher and self.clock() - self.seen.get(machine, -1e18) <= self.heartbeat_timeout:
+            if (holder is not None and holder != launcher
+                    and self.clock() - self.seen.get(machine, -1e18) <= self.heartbeat_timeout):
                 return (f"machine rank {machine} is held by another live launcher; two launchers were given the same "
                         "--machine-rank, or the one before this was stopped less than the heartbeat timeout ago")
             if number <= self.numbers.get((machine, launcher), 0):
@@ -411,7 +412,8 @@ class RendezvousServer:
             raise SystemExit(
                 f"unified launch: machine 0 cannot listen on {host}:{port} for the other machines' launchers "
                 f"({err.strerror}); --main-process-ip must be an address of machine 0 that the other machines reach "
-                "(or pass --rendezvous-bind-ip with the address of machine 0 to listen on)." + see("launch-rendezvous-bind")
+                "(or pass --rendezvous-bind-ip with the address of machine 0 to listen on)."
+                + see("launch-rendezvous-bind")
             ) from None
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
@@ -473,7 +475,8 @@ class RendezvousClient:
                     if err.status != 409 or time.monotonic() >= give_up:  # 409: a rank held, maybe not for long
                         raise
                     error: BaseException = err
-                except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as err:  # a truncated answer too
+                except (urllib.error.URLError, OSError, ValueError,
+                        http.client.HTTPException) as err:  # a truncated answer too
                     error = err
             if time.monotonic() >= give_up:
                 raise RendezvousLost(

@@ -29,7 +29,8 @@ class Collectives:
         self.backend = backend
         self.timeout = float(timeout)
         if not self.timeout > 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}." + see("invalid-timeout"))
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}."
+                             + see("invalid-timeout"))
         self._calls = 0
         self.arrays: ArrayCollectives = backend if isinstance(backend, ArrayCollectives) else ArraysAsBytes(backend)
         # Told about every DistributedError a backend primitive raised (the watchdog's report).
@@ -56,7 +57,8 @@ class Collectives:
     def _timeout(self, timeout: Optional[float]) -> float:
         value = self.timeout if timeout is None else float(timeout)
         if not value > 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {value!r}." + see("invalid-timeout"))
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {value!r}."
+                             + see("invalid-timeout"))
         return value
 
     @property
@@ -84,7 +86,8 @@ class Collectives:
         with self.watched():
             return self.backend.any_flag(bool(flag), self._key(operation), seconds)
 
-    def all_gather_json(self, value: Any, operation: str = "gather_object", timeout: Optional[float] = None) -> List[Any]:
+    def all_gather_json(self, value: Any, operation: str = "gather_object",
+                        timeout: Optional[float] = None) -> List[Any]:
         """Every process's JSON-serialisable ``value``, in process order (no pickle)."""
         data = json.dumps(value).encode()
         if self.single:  # the same JSON round trip as with several processes
@@ -143,14 +146,16 @@ class Collectives:
         finally:
             if go_first:
                 if self.any_flag(failed, f"{operation} (release)") and not failed:
-                    raise DistributedError(f"{operation}: another process raised an exception in its body." + see("main-first-other-raised"))
+                    raise DistributedError(f"{operation}: another process raised an exception in its body."
+                                           + see("main-first-other-raised"))
                 if not failed and self.any_flag(False, f"{operation} (exit)"):
                     raise DistributedError(
                         f"{operation}: a process that ran the body after the main process raised an exception."
                         + see("main-first-later-raised")
                     )
             elif self.any_flag(failed, f"{operation} (exit)") and not failed:
-                raise DistributedError(f"{operation}: another process raised an exception in its body." + see("main-first-other-raised"))
+                raise DistributedError(f"{operation}: another process raised an exception in its body."
+                                       + see("main-first-other-raised"))
 
     # -- data plane ---------------------------------------------------------------------------
     def _leaves(self, tree: Any):
@@ -176,7 +181,8 @@ class Collectives:
 
     def reduce(self, tree: Any, reduction: str = "sum", timeout: Optional[float] = None) -> Any:
         if reduction not in ("sum", "mean"):
-            raise ValueError(f"Invalid reduction: expected 'sum' or 'mean'; received {reduction!r}." + see("invalid-reduction"))
+            raise ValueError(f"Invalid reduction: expected 'sum' or 'mean'; received {reduction!r}."
+                             + see("invalid-reduction"))
         arrays, rebuild = self._leaves(tree)
         if not self.single:
             with self.watched():
@@ -188,7 +194,8 @@ class Collectives:
     def broadcast(self, tree: Any, src: int = 0, timeout: Optional[float] = None) -> Any:
         if not 0 <= src < self.backend.num_processes:
             raise ValueError(
-                f"Invalid from_process: expected 0..{self.backend.num_processes - 1}; received {src}." + see("invalid-from-process")
+                f"Invalid from_process: expected 0..{self.backend.num_processes - 1}; received {src}."
+                + see("invalid-from-process")
             )
         arrays, rebuild = self._leaves(tree)
         if self.single:

@@ -13,8 +13,9 @@ import re
 import uuid
 from typing import Dict, List, Mapping, Optional, Tuple
 
-__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE", "run_identity", "IN_PLACE_VARIABLE", "LOAD_COPY_VARIABLE", "restart_count", "cluster_local_process", "visible_gpus",
-           "local_device_share"]
+__all__ = ["ProcessEnvironment", "BACKEND_VARIABLE", "LAUNCHER_BACKEND_VARIABLE", "RESTART_VARIABLE", "RUN_VARIABLE",
+           "run_identity", "IN_PLACE_VARIABLE", "LOAD_COPY_VARIABLE", "restart_count", "cluster_local_process",
+           "visible_gpus", "local_device_share"]
 
 # The backend a user asked for, and the one `unified launch` started the group with.
 BACKEND_VARIABLE = "UNIFIED_BACKEND"

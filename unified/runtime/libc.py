@@ -11,7 +11,8 @@ __all__ = ["c_function", "return_free_heap"]
 
 
 @functools.lru_cache(maxsize=None)
-def c_function(name: str, argtypes: Optional[Tuple[Any, ...]] = None, restype: Any = None) -> Optional[Callable[..., Any]]:
+def c_function(name: str, argtypes: Optional[Tuple[Any, ...]] = None,
+               restype: Any = None) -> Optional[Callable[..., Any]]:
     """The C library's function ``name`` with these ctypes signatures, or None where the process's
     C library has none.
 

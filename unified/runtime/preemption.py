@@ -80,8 +80,8 @@ def resolve_preemption_signals(value: Optional[Union[str, Sequence[Union[str, in
             raise ValueError(f"Unknown preemption signal {part!r}: expected names such as SIGTERM, SIGUSR1, SIGUSR2 "
                              "(or their numbers)." + see("preemption-signals")) from None
         if number in _UNCATCHABLE:
-            raise ValueError(f"{number.name} cannot announce a preemption: no process can catch it, so there is no time "
-                             "to save. Use a signal the scheduler sends before it (SIGTERM, SIGUSR1, SIGUSR2)."
+            raise ValueError(f"{number.name} cannot announce a preemption: no process can catch it, so there is no "
+                             "time to save. Use a signal the scheduler sends before it (SIGTERM, SIGUSR1, SIGUSR2)."
                              + see("preemption-signals"))
         chosen.append(number)
     return tuple(dict.fromkeys(chosen))

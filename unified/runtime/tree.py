@@ -40,7 +40,8 @@ def flatten(tree: Any, is_leaf: Callable[[Any], bool]) -> Tuple[List[Any], Rebui
             kind = type(node)
             return lambda values: kind(p(values) for p in parts)
         raise TypeError(
-            f"Expected a framework array or a dict/list/tuple of them; received {type(node).__name__}." + see("unsupported-leaf")
+            f"Expected a framework array or a dict/list/tuple of them; received {type(node).__name__}."
+            + see("unsupported-leaf")
         )
 
     rebuild = walk(tree)

@@ -95,7 +95,8 @@ class Watchdog:
                  interval: Optional[float] = None, grace: float = 1.0,
                  exit: Callable[[str, int], None] = _hard_exit) -> None:
         if not timeout > 0:
-            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}." + see("invalid-timeout"))
+            raise ValueError(f"Invalid timeout: expected a positive number of seconds; received {timeout!r}."
+                             + see("invalid-timeout"))
         self.channel = channel
         self.rank = process_index
         self.size = num_processes
@@ -172,7 +173,7 @@ class Watchdog:
             try:
                 # bounded: a service out of reach (a cut link) blocks a call instead of failing it
                 left = max(self.interval, self.timeout - (now - answered_at))
-                _bounded(lambda: self.channel.post(f"alive/{self.rank}", str(beat)), left)
+                _bounded(lambda beat=beat: self.channel.post(f"alive/{self.rank}", str(beat)), left)
                 posted = _bounded(self.channel.read, left)
                 answered_at = now
             except Exception:

@@ -19,7 +19,8 @@ from .scenarios import _shared
 
 def _project_acc(state: dict, **config) -> Accelerator:
     acc = Accelerator(timeout=60, seed=7,
-                      project_config=unified.ProjectConfiguration(_shared("project"), automatic_checkpoint_naming=True, **config))
+                      project_config=unified.ProjectConfiguration(_shared("project"), automatic_checkpoint_naming=True,
+                                                                  **config))
     state["acc"] = acc
     return acc
 
@@ -171,7 +172,8 @@ def save_until_killed(acc: Accelerator, async_save: Callable[[int], bool]) -> di
         run.step()
         if acc.is_main_process:
             with open(expected, "a") as handle:
-                handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+                handle.write(json.dumps({"iteration": acc.project_configuration.iteration,
+                                         "hash": run.param_hash()}) + "\n")
         asynchronous = async_save(i)
         acc.save_state(async_save=asynchronous)
         if i == 0:
@@ -523,7 +525,8 @@ def ckpt_commit_failures(state: dict) -> dict:
         acc.wait_for_everyone()
         if acc.is_main_process:  # a crash between commit's two renames, as `layout.commit` leaves it
             parent, name = os.path.split(target)
-            os.rename(target, os.path.join(parent, f".{name}.old-{'a1b2c3d4e5f6' if case == 'explicit' else '0123456789ab'}"))
+            os.rename(target, os.path.join(
+                parent, f".{name}.old-{'a1b2c3d4e5f6' if case == 'explicit' else '0123456789ab'}"))
         acc.wait_for_everyone()
         run.step()
         try:

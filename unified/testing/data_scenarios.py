@@ -244,6 +244,7 @@ def tracking(state: dict) -> dict:
     return {"names": names, "started": started, "handles": handles, "wrapped": wrapped,
             "framework_arrays": framework_arrays,
             "imported": sorted(m for m in TRACKER_PACKAGES if m in sys.modules),
-            "frameworks_before": frameworks_before, "frameworks_after": sorted(f for f in frameworks if f in sys.modules),
+            "frameworks_before": frameworks_before,
+            "frameworks_after": sorted(f for f in frameworks if f in sys.modules),
             "writer_closed": writer is None or writer.file_writer is None,
             "after_end": [t.name for t in acc.trackers]}

@@ -110,7 +110,8 @@ class GroupResult:
 
     def show_logs(self) -> str:
         return "\n".join(
-            f"----- process {i} (exit code {rc}) -----\n{log}" for i, (rc, log) in enumerate(zip(self.returncodes, self.logs))
+            f"----- process {i} (exit code {rc}) -----\n{log}"
+            for i, (rc, log) in enumerate(zip(self.returncodes, self.logs))
         )
 
     def result(self, rank: int, function: Union[Callable, str]) -> Optional[Any]:
@@ -232,5 +233,5 @@ def launch_group(backend: str, size: int, scenarios: Sequence[Callable], tmp_pat
     text = (out / "launch.txt").read_text(errors="replace")
     logs = ["\n".join(line for line in text.splitlines() if line.startswith(f"[{r}] ")) for r in range(size)]
     logs[0] = text  # process 0's log shows the launcher's own lines too
-    return GroupResult(_results(out, size), [code] * size, logs, elapsed, [launcher.exit_times[0]] * size, not_run, backend,
-                       size, Path(tmp_path))
+    return GroupResult(_results(out, size), [code] * size, logs, elapsed, [launcher.exit_times[0]] * size, not_run,
+                       backend, size, Path(tmp_path))

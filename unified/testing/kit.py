@@ -76,7 +76,8 @@ def kit_of(backend: str) -> Kit:
     kit = load_object(target)
     kit = kit() if isinstance(kit, type) else kit
     if not isinstance(kit, Kit):
-        raise TypeError(f"testing_kit {target!r} of backend {backend!r} is not a unified.testing.Kit (docs/certify-a-backend.md)")
+        raise TypeError(f"testing_kit {target!r} of backend {backend!r} is not a unified.testing.Kit "
+                        "(docs/certify-a-backend.md)")
     return kit
 
 
@@ -109,5 +110,6 @@ def make_training(acc: Any) -> Any:
     """The kit's training setup for ``acc``'s backend."""
     training = kit_of(acc.backend).training
     if training is None:
-        raise LookupError(f"the {acc.backend!r} backend's testing kit has no training setup (Kit.training) (docs/certify-a-backend.md)")
+        raise LookupError(f"the {acc.backend!r} backend's testing kit has no training setup (Kit.training) "
+                          "(docs/certify-a-backend.md)")
     return training(acc)

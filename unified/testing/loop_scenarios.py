@@ -38,7 +38,8 @@ def _setup(acc: Accelerator, **kwargs):
 
     setup = kit_of(acc.backend).loop
     if setup is None:
-        raise LookupError(f"the {acc.backend!r} backend has TrainingLoop but its testing kit has no loop setup (Kit.loop) (docs/certify-a-backend.md)")
+        raise LookupError(f"the {acc.backend!r} backend has TrainingLoop but its testing kit has no loop setup "
+                          "(Kit.loop) (docs/certify-a-backend.md)")
     return setup(acc, **kwargs)
 
 
@@ -122,10 +123,12 @@ def loop_mixed_precision(state: dict) -> dict:
         scale = acc._loop._scaler.get_scale()
         before, scheduled = setup.params(), setup.scheduler_steps()
         setup.micro_step(batch, loss_scale=1e30)  # inf in float16
-        out["fp16_overflow"] = {"skipped": acc.optimizer_step_was_skipped, "unchanged": bool(np.array_equal(before, setup.params())),
+        out["fp16_overflow"] = {"skipped": acc.optimizer_step_was_skipped,
+                                "unchanged": bool(np.array_equal(before, setup.params())),
                                 "scheduler_unchanged": setup.scheduler_steps() == scheduled,
                                 "scale_before": scale, "scale_after": acc._loop._scaler.get_scale()}
-        for attempt in range(1, 31):  # the scale halves at each overflow until the gradients fit
+        # the scale halves at each overflow until the gradients fit
+        for attempt in range(1, 31):  # noqa: B007 - read after the loop: the attempts it took
             setup.micro_step(batch)
             if not acc.optimizer_step_was_skipped:
                 break

@@ -1,6 +1,7 @@
 """Scenarios of `test_metrics.py`: evaluation over processes (`gather_for_metrics`,
 `pad_across_processes`) and torch DataLoaders with their own samplers, written once for every
-backend. Same rules as `scenarios.py`; run with ``UNIFIED_TEST_SCENARIOS=unified.testing.metrics_scenarios,unified.testing.scenarios``.
+backend. Same rules as `scenarios.py`; run with
+``UNIFIED_TEST_SCENARIOS=unified.testing.metrics_scenarios,unified.testing.scenarios``.
 """
 from __future__ import annotations
 
@@ -221,7 +222,7 @@ def sampler_resume(state: dict) -> dict:
     for loader in loaders.values():
         for _ in loader:  # epoch 0
             pass
-    for name, loader in loaders.items():
+    for loader in loaders.values():
         for i, _ in enumerate(loader):
             if i == 1:
                 break

@@ -100,7 +100,8 @@ def launch(machines: Machines, backend: str, scenario: Callable, shared: Path, t
                **(extra_env or {})}
         argv = machines.argv(m, sys.executable, "-m", "unified", "launch", "--num-machines", str(machines.count),
                              "--machine-rank", str(m), "--main-process-ip", machines.address(0),
-                             "--main-process-port", str(PORT), "-n", "1", "--backend", backend, str(WORKER_SCRIPT), reference(scenario))
+                             "--main-process-port", str(PORT), "-n", "1", "--backend", backend, str(WORKER_SCRIPT),
+                             reference(scenario))
         launchers.append(Worker(argv, env))
     logs = [str(shared / f"launch-{m}.log") for m in range(machines.count)]
     return Group(machines, shared, ProcessGroup(launchers, logs=logs, cwd=str(shared)).start())
@@ -177,7 +178,8 @@ def run_fault(backend: str, fault: str, shared: Path, *, machines_count: int = 2
                     trial.watchdog_exits += 1
                     if not _names_lost(ended, lost, main):
                         trial.problems.append(f"machine {m}'s watchdog names none of processes {lost}: {ended[:300]}")
-                    if group.exit_times[m] is None or group.exit_times[m] - fault_at > timeout + SLACK_S + LAUNCHER_STOP_S:
+                    if (group.exit_times[m] is None
+                            or group.exit_times[m] - fault_at > timeout + SLACK_S + LAUNCHER_STOP_S):
                         trial.problems.append(f"machine {m} was ended by the watchdog too late")
                     if group.procs[m].returncode == 0:
                         trial.problems.append(f"machine {m}'s launcher exited 0 after a broken group")
@@ -267,7 +269,8 @@ def resumed_by_hand(backend: str, script: Path, project: Path, steps: int, befor
                                str(script), str(project), mode], capture_output=True, text=True, timeout=300,
                               env={**os.environ, **(env or {})})
         if done.returncode != 0:
-            raise RuntimeError(f"the reference run on {count} processes failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(f"the reference run on {count} processes failed:\n"
+                               f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return _tagged(done.stdout, "RESULT")
 
 

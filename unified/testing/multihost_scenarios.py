@@ -42,7 +42,8 @@ def _ready(acc: Accelerator) -> None:
 
 def _raised(err: BaseException, **extra) -> dict:
     return {"raised": type(err).__name__, "unified": isinstance(err, unified.UnifiedError),
-            "timeout_error": isinstance(err, TimeoutError), "message": str(err)[:2000], "error_at": time.time(), **extra}
+            "timeout_error": isinstance(err, TimeoutError), "message": str(err)[:2000], "error_at": time.time(),
+            **extra}
 
 
 @scenario(requires=("TrainingObjects",))
@@ -101,7 +102,8 @@ def mh_save_loop(state: dict) -> dict:
             run.step()
             if acc.is_main_process:
                 with open(_shared("expected.jsonl"), "a") as handle:
-                    handle.write(json.dumps({"iteration": acc.project_configuration.iteration, "hash": run.param_hash()}) + "\n")
+                    handle.write(json.dumps({"iteration": acc.project_configuration.iteration,
+                                             "hash": run.param_hash()}) + "\n")
             acc.save_state()
             saves += 1
             if saves == 1:

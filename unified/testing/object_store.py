@@ -177,8 +177,8 @@ class FaultyEndpoint:
         self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-endpoint", daemon=True)
         self._thread.start()
 
-    def fail(self, count: Optional[int], status: Optional[int] = 503, code: str = "SlowDown", method: Optional[str] = None,
-             containing: str = "", then: Optional[Any] = None) -> None:
+    def fail(self, count: Optional[int], status: Optional[int] = 503, code: str = "SlowDown",
+             method: Optional[str] = None, containing: str = "", then: Optional[Any] = None) -> None:
         """Answer the next ``count`` requests (``None``: every one until `heal`) whose method is
         ``method`` (any when None) and whose path contains ``containing`` with ``status``/``code``,
         or (``status=None``) drop their connection without an answer."""

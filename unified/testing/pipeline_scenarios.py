@@ -199,8 +199,8 @@ def pipeline_torch_stream(state: dict) -> dict:
     import torch
 
     size = state["acc"].num_processes
-    out: Dict[str, Any] = {}
-    for kind in ("split", "whole"):
+
+    def exercise(kind: str) -> Dict[str, Any]:
         logs = []
 
         def make(acc: Accelerator) -> Any:
@@ -211,5 +211,9 @@ def pipeline_torch_stream(state: dict) -> dict:
 
         result = _exercise(make, _shared(f"torch_{kind}_{size}"))
         result["reads"] = len(open(logs[0]).read().split()) if os.path.exists(logs[0]) else 0  # the first epoch
-        out[kind] = result
+        return result
+
+    out: Dict[str, Any] = {}
+    for kind in ("split", "whole"):
+        out[kind] = exercise(kind)
     return out

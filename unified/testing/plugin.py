@@ -39,7 +39,8 @@ def _resolve(names: List[str]) -> List[str]:
     unknown = [n for n in names if n not in backend_names()]
     if unknown:
         raise pytest.UsageError(f"{OPTION}: no registered backend {unknown}; registered: {', '.join(backend_names())} "
-                                "(a backend from another package registers through the 'unified.backends' entry points)")
+                                "(a backend from another package registers through the 'unified.backends' entry "
+                                "points)")
     missing = [n for n in names if n not in available_backends()]
     if missing:
         from unified.backend.registry import backend_spec

@@ -55,10 +55,12 @@ def scenario(function: Optional[Callable] = None, *, requires: Sequence[str] = (
     """
     unknown = [name for name in requires if name not in REQUIREMENT_NAMES]
     if unknown:
-        raise ValueError(f"unknown capabilities {unknown} in @scenario(requires=...): use {', '.join(REQUIREMENT_NAMES)} (docs/certify-a-backend.md)")
+        raise ValueError(f"unknown capabilities {unknown} in @scenario(requires=...): "
+                         f"use {', '.join(REQUIREMENT_NAMES)} (docs/certify-a-backend.md)")
     unknown = [name for name in kit if name not in KIT_SLOTS]
     if unknown:
-        raise ValueError(f"unknown Kit attributes {unknown} in @scenario(kit=...): use {', '.join(KIT_SLOTS)} (docs/certify-a-backend.md)")
+        raise ValueError(f"unknown Kit attributes {unknown} in @scenario(kit=...): use {', '.join(KIT_SLOTS)} "
+                         "(docs/certify-a-backend.md)")
     needs = Requirements(tuple(requires), tuple(kit), tuple(processes) if processes is not None else None)
 
     def mark(fn: Callable) -> Callable:
@@ -75,7 +77,8 @@ def is_scenario(value: Any) -> bool:
 def requirements(function: Callable) -> Requirements:
     """The `Requirements` declared by `scenario`; a plain function is refused."""
     if not is_scenario(function):
-        raise TypeError(f"{function!r} is not a conformance scenario: decorate it with @unified.testing.scenario (docs/certify-a-backend.md)")
+        raise TypeError(f"{function!r} is not a conformance scenario: decorate it with @unified.testing.scenario "
+                        "(docs/certify-a-backend.md)")
     return getattr(function, _ATTRIBUTE)
 
 

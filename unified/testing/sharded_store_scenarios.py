@@ -65,7 +65,8 @@ def shard_store_round_trip(_: dict) -> dict:
     with _counting_deferred_makes(acc) as counts:
         acc.load_state(target)
     out["deferred"] = counts
-    out.update(sync_params=_equal(setup.full_params(), params), sync_optimizer=_equal(setup.full_optimizer(), optimizer))
+    out.update(sync_params=_equal(setup.full_params(), params),
+               sync_optimizer=_equal(setup.full_optimizer(), optimizer))
     acc.load_state(f"{target}_async")
     out.update(async_params=_equal(setup.full_params(), later_params),
                async_optimizer=_equal(setup.full_optimizer(), later_optimizer))

@@ -119,7 +119,8 @@ def _setup_class() -> Any:
     backend = resolve_backend_name()
     setup = kit_of(backend).sharded
     if setup is None:
-        raise LookupError(f"the {backend!r} backend has ShardedTraining but its testing kit has no sharded setup (Kit.sharded)")
+        raise LookupError(f"the {backend!r} backend has ShardedTraining but its testing kit has no sharded setup "
+                          "(Kit.sharded)")
     return setup
 
 
@@ -287,7 +288,8 @@ def shard_train_and_save(_: dict) -> dict:
         result["export"] = {"files": sorted(os.listdir(os.path.dirname(exported))), "metadata": metadata,
                             "expected_metadata": Setup.export_metadata,
                             "equal": sorted(written) == sorted(names) and all(
-                                written[k].dtype == v.dtype and np.array_equal(written[k], v) for k, v in names.items())}
+                                written[k].dtype == v.dtype and np.array_equal(written[k], v)
+                                for k, v in names.items())}
         with open(os.path.join(path, "manifest.json")) as handle:
             manifest_files = sorted(json.load(handle)["files"])
         model_file = os.path.join(path, "model_0.safetensors")
@@ -356,7 +358,8 @@ def shard_async_save(_: dict) -> dict:
     with _counting_deferred_makes(acc) as counts:
         acc.load_state(final)
     changing = _load_while_sharded_files_change(acc, final)
-    result = {"deferred": counts, "changing": changing, "returned_in": returned_in, "at_return": at_return, "files_at_return": files_at_return,
+    result = {"deferred": counts, "changing": changing, "returned_in": returned_in, "at_return": at_return,
+              "files_at_return": files_at_return,
               "writes_wait_for_result": Setup.writes_wait_for_result, "write_thread": seen.get("thread"),
               "gate_opened": seen.get("gate_opened"), "committed": committed, "shard_files": shard_files,
               "edit_moved": _max_diff(edited_params, params),
@@ -385,7 +388,8 @@ def shard_async_save(_: dict) -> dict:
 # -- a save killed mid-write ------------------------------------------------------------------------------
 def _killed_project_run() -> Tuple[Accelerator, Any]:
     """The sharded run of the kill scenarios: automatic naming in a shared project folder."""
-    return _start(project_config=unified.ProjectConfiguration(_shared("killed_project"), automatic_checkpoint_naming=True))
+    return _start(project_config=unified.ProjectConfiguration(_shared("killed_project"),
+                                                              automatic_checkpoint_naming=True))
 
 
 @scenario(processes=(2,), **NEEDS)

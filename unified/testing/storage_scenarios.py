@@ -93,7 +93,8 @@ def _store_out_of_reach_on_one_process(acc: Accelerator, run, root: str, previou
 
         committed = ObjectStore(target).has_manifest(target)
     acc.load_state(previous)
-    return {"unreachable_error": error, "unreachable_committed": committed, "unreachable_injected": len(faulty.injected),
+    return {"unreachable_error": error, "unreachable_committed": committed,
+            "unreachable_injected": len(faulty.injected),
             "hash_before_unreachable": before, "hash_after_unreachable": run.param_hash()}
 
 
@@ -141,7 +142,8 @@ def _async_saves_and_hooks(acc: Accelerator, run, root: str) -> dict:
     acc.wait_for_checkpoint()
     for target in hooked:
         acc.load_state(target)
-    out["hook_manifests"] = [ObjectStore(t).read_manifest(t).get("hook_files") for t in hooked] if acc.is_main_process else None
+    out["hook_manifests"] = ([ObjectStore(t).read_manifest(t).get("hook_files") for t in hooked]
+                             if acc.is_main_process else None)
     acc.wait_for_everyone()
     if acc.is_main_process:  # a hook file changed on the store after the commit
         store = ObjectStore(hooked[0])

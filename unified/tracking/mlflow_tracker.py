@@ -58,7 +58,8 @@ class MLflowTracker(GeneralTracker):
 
         gate = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
         if gate is not None and not gate.get():
-            return f"sqlite:///{os.path.join(self.logging_dir, 'mlflow.db')}", Path(self.logging_dir, "mlartifacts").as_uri()
+            return (f"sqlite:///{os.path.join(self.logging_dir, 'mlflow.db')}",
+                    Path(self.logging_dir, "mlartifacts").as_uri())
         return Path(self.logging_dir, "mlruns").as_uri(), None
 
     def start(self) -> None:
@@ -131,7 +132,7 @@ class MLflowTracker(GeneralTracker):
         """Store the file ``local_path`` with the run (under ``artifact_path``), as Accelerate's.
 
         Example:
-            >>> accelerator.get_tracker("mlflow").log_artifact("config.yaml", artifact_path="configs")   # doctest: +SKIP
+            >>> accelerator.get_tracker("mlflow").log_artifact("config.yaml", artifact_path="configs")  # doctest: +SKIP
         """
         self._client.log_artifact(self.run_id, os.fspath(local_path), artifact_path)
 

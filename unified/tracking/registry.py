@@ -55,7 +55,8 @@ def register_tracker_class(tracker_class: type) -> None:
         raise ValueError(f"`tracker_class` must be a subclass of `GeneralTracker`, but got {tracker_class}."
                          + see("custom-tracker"))
     if not getattr(tracker_class, "name", None):
-        raise ValueError("The tracker class to register must define a non-empty `name` attribute." + see("custom-tracker"))
+        raise ValueError("The tracker class to register must define a non-empty `name` attribute."
+                         + see("custom-tracker"))
     if not hasattr(tracker_class, "requires_logging_directory"):
         raise ValueError("The tracker class to register must define a `requires_logging_directory` class attribute "
                          "(True if it needs a logging directory)." + see("custom-tracker"))
@@ -174,13 +175,15 @@ class TrackerSet:
             self._start(project_name, logging_dir, config, init_kwargs, saved)
 
     def _start(self, project_name: str, logging_dir: Optional[str], config: Optional[Dict[str, Any]],
-               init_kwargs: Optional[Dict[str, Dict[str, Any]]], saved: Callable[[], Dict[str, Dict[str, str]]]) -> None:
+               init_kwargs: Optional[Dict[str, Dict[str, Any]]],
+               saved: Callable[[], Dict[str, Dict[str, str]]]) -> None:
         names = [t for t in self.requested if isinstance(t, str)]
         resolve_log_with(names, logging_dir)  # logging_dir may have changed since the Accelerator was made
         init_kwargs = init_kwargs or {}
         runs = saved() if any(isinstance(item, str) for item in self.requested) else {}
         for item in self.requested:
-            tracker = _build(item, project_name, logging_dir, init_kwargs.get(item, {})) if isinstance(item, str) else item
+            tracker = (_build(item, project_name, logging_dir, init_kwargs.get(item, {})) if isinstance(item, str)
+                       else item)
             if isinstance(item, str) and item in runs and callable(getattr(tracker, "continue_run", None)):
                 tracker.continue_run(runs[item])
                 logger.info("%s: continuing the run of the checkpoint to resume (%s)", item, runs[item])
@@ -216,7 +219,8 @@ class TrackerSet:
             if tracker.name == name:
                 return tracker.tracker if unwrap else tracker
         started = ", ".join(repr(t.name) for t in self.trackers)
-        raise ValueError(f"{name!r} is not a tracker of this Accelerator; its trackers: {started}." + see("no-such-tracker"))
+        raise ValueError(f"{name!r} is not a tracker of this Accelerator; its trackers: {started}."
+                         + see("no-such-tracker"))
 
     def finish(self) -> None:
         trackers, self.trackers = self.trackers, []

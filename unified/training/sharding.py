@@ -55,7 +55,8 @@ class FullyShardedDataParallelPlugin:
                              "torch's fully_shard); FSDP1's FullyShardedDataParallel wrapper is not supported."
                              + see("fsdp-plugin"))
         if isinstance(self.transformer_cls_names_to_wrap, str):
-            self.transformer_cls_names_to_wrap = [n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()]
+            self.transformer_cls_names_to_wrap = [n.strip() for n in self.transformer_cls_names_to_wrap.split(",")
+                                                  if n.strip()]
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = ("transformer_based_wrap" if self.transformer_cls_names_to_wrap
                                      else "size_based_wrap" if self.min_num_params > 0 else "no_wrap")

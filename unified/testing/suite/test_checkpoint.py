@@ -167,7 +167,8 @@ def test_crash_during_save_never_leaves_a_loadable_partial_checkpoint(backend, t
                 expected[row["iteration"]] = row["hash"]
         loaded = run_group(backend, 2, [ckpt_load_newest], shared).ok()
         rows = loaded.scenario(ckpt_load_newest)
-        assert rows[0]["hash"] == expected[rows[0]["iteration"]], f"trial {trial}: loaded state differs from what was saved"
+        assert rows[0]["hash"] == expected[rows[0]["iteration"]], (
+            f"trial {trial}: loaded state differs from what was saved")
         assert rows[0]["hash"] == rows[1]["hash"]
         assert rows[0]["leftovers"] == [], "temporaries of the crashed save must not remain after a new save"
 
@@ -201,13 +202,17 @@ def _damage(pristine, root):
 
     for case, victim in (("flipped_byte", "model_0.safetensors"), ("flipped_rng", "rng_1.safetensors")):
         f = copy(case, victim) / victim
-        data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0xFF; f.write_bytes(bytes(data))
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
     f = copy("truncated", "optimizer_0.safetensors") / "optimizer_0.safetensors"
     f.write_bytes(f.read_bytes()[:-7])
     (copy("deleted_file", "model_0.safetensors") / "model_0.safetensors").unlink()
     (copy("no_manifest", "manifest.json") / "manifest.json").unlink()
     m = copy("edited_manifest", "manifest.json") / "manifest.json"
-    doc = json.loads(m.read_text()); doc["iteration"] = 99; m.write_text(json.dumps(doc))
+    doc = json.loads(m.read_text())
+    doc["iteration"] = 99
+    m.write_text(json.dumps(doc))
     _rewrite_manifest(copy("wrong_backend", "manifest.json"),
                       lambda d: d.update(backend="jax" if d["backend"] == "torch" else "torch"))
     # A file from another checkpoint: same name, other content.

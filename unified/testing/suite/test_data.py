@@ -141,7 +141,8 @@ def _pipeline(group, scenario):
                                                pytest.param(pipeline_grain, 30, id="grain")])
 def test_library_pipelines_give_each_process_its_share_and_resume_exactly(group, scenario, samples):
     rows = _pipeline(group, scenario)
-    shares = [{x for batch in r["epoch"] for x in batch} for r in rows]  # repeats that fill up a batch are a process's own
+    # repeats that fill up a batch are a process's own
+    shares = [{x for batch in r["epoch"] for x in batch} for r in rows]
     assert sum(len(s) for s in shares) == len(set().union(*shares)) == samples  # disjoint, together the whole epoch
     for r in rows:
         assert sorted(r["metrics"]) == list(range(samples))  # gather_for_metrics: every sample once
@@ -179,7 +180,8 @@ def test_a_datasets_stream_is_read_one_share_per_process(group):
 @pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
 def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(group, tracker):
     if tracker not in available_trackers() or importlib.util.find_spec(READER_MODULES[tracker]) is None:
-        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): pip install 'unified[tracking,test]'")
+        pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): "
+                    "pip install 'unified[tracking,test]'")
     main, *others = group.scenario(tracking)
     assert tracker in main["started"] and main["after_end"] == [], main
     assert main["handles"][tracker] == {"tensorboard": "SummaryWriter", "mlflow": "ActiveRun", "wandb": "Run"}[tracker]

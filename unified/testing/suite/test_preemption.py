@@ -42,7 +42,8 @@ def _launch(backend: str, size: int, shared: Path, tag: str, *args: str) -> subp
     log = open(shared / f"{tag}.log", "wb")
     try:
         return subprocess.Popen([sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend,
-                                 "--grace-period", "60", "--preemption-signals", "SIGTERM,SIGUSR2", str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
+                                 "--grace-period", "60", "--preemption-signals", "SIGTERM,SIGUSR2",
+                                 str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
                                 cwd=shared, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()

@@ -85,7 +85,7 @@ def test_trigger_reaches_a_late_peer(group):
 
 def test_gather_reduce_broadcast(group):
     n = group.size
-    for rank, r in enumerate(group.scenario(collectives)):
+    for r in group.scenario(collectives):
         assert r["gather_rows"] == [k for k in range(n) for _ in range(2)]
         assert r["gather_scalar"] == [float(k) for k in range(n)]
         assert r["sum"] == [float(n), float(sum(range(n)))]
@@ -125,7 +125,8 @@ def test_lost_process_gives_survivors_barrier_timeout(group):
         assert group.exit_times[i] is not None and group.exit_times[i] - r["exit_at"] < 10, group.show_logs()
     if name == stuck_at_barrier and watched:  # the watchdog tells the stuck process and ends it, with the reason
         assert group.returncodes[-1] == 1, group.show_logs()
-        assert "unified: the process group broke - process 0 failed: BarrierTimeout" in group.logs[-1], group.show_logs()
+        assert ("unified: the process group broke - process 0 failed: BarrierTimeout"
+                in group.logs[-1]), group.show_logs()
         assert "stuck" not in (group.result(-1, name) or {}), "the stuck process should not have finished its sleep"
         assert group.exit_times[-1] - min(r["exit_at"] for r in rows) < 5, group.show_logs()
     elif name == stuck_at_barrier:  # no health channel to tell it: it finishes its sleep, its own exit stands

@@ -85,7 +85,8 @@ def test_a_position_that_cannot_continue_exactly_is_refused_before_anything_is_r
     for r in resized["load3"]:
         refused = r["refused"]
         assert refused["error"] and refused["untouched"] and refused["positions"] == [0, 0]
-        assert "cannot resume dataloader_" in refused["error"] and "(saved by 2 processes, loaded by 3)" in refused["error"]
+        assert ("cannot resume dataloader_" in refused["error"]
+                and "(saved by 2 processes, loaded by 3)" in refused["error"])
         assert "after 8 of the epoch's samples with a global batch of 6" in refused["error"]
         assert "docs/troubleshooting.md#cannot-resume" in refused["error"]
 

@@ -228,13 +228,15 @@ def test_sharded_state_on_an_object_store_saves_every_process_s_own_objects_and_
     main = rows[0]
     if main["supported"]:
         assert main["owners"] == [0, 1]  # every process wrote its own shard objects
-        assert main["objects"] == sorted(main["manifest_files"] + ["manifest.json"])  # every object listed, nothing else
+        # every object listed, nothing else
+        assert main["objects"] == sorted(main["manifest_files"] + ["manifest.json"])
 
 
 def test_a_sharded_checkpoint_on_a_store_loads_on_another_number_of_processes(runs):
     rows = runs.three.scenario(shard_store_load_from_2)
     if not rows[0]["ran"]:
-        pytest.skip("no sharded checkpoint on the store (no object store, or the backend saves sharded state to folders)")
+        pytest.skip("no sharded checkpoint on the store (no object store, or the backend saves sharded state to "
+                    "folders)")
     for r in rows:
         assert r["params_equal"] and r["optimizer_equal"] and r["changed_by_load"]
         assert r["unpickled"] == []
