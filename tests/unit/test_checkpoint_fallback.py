@@ -27,6 +27,8 @@ from unified.checkpoint import layout  # noqa: E402
 from unified.checkpoint.store import Folder  # noqa: E402
 from unified.errors import see  # noqa: E402
 
+from .helpers import params_of, same_params, train_step  # noqa: E402
+
 
 def _accelerator(project, width=4, **config):
     acc = Accelerator(backend="torch", project_config=ProjectConfiguration(
@@ -37,18 +39,10 @@ def _accelerator(project, width=4, **config):
     return acc, model, optimizer
 
 
-def _step(acc, model, optimizer):
-    acc.backward(model(torch.ones(2, model.in_features)).sum())
-    optimizer.step()
-    optimizer.zero_grad()
 
 
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _saved_three(project, **config):
@@ -56,9 +50,9 @@ def _saved_three(project, **config):
     acc, model, optimizer = _accelerator(project, **config)
     held = []
     for _ in range(3):
-        _step(acc, model, optimizer)
+        train_step(acc, model, optimizer)
         acc.save_state()
-        held.append(_params(model))
+        held.append(params_of(model))
     acc.end_training()
     return held
 
@@ -107,7 +101,7 @@ def test_load_state_skips_a_damaged_newest_checkpoint_sets_it_aside_and_says_why
     try:
         with pytest.warns(UserWarning) as said:
             assert acc.load_state() == str(checkpoints / "checkpoint_1")
-        assert _same(_params(model), held[1])
+        assert same_params(params_of(model), held[1])
         message = " ".join(str(w.message) for w in said)
         assert str(checkpoints / "checkpoint_2") in message and "checkpoint_2.damaged" in message, message
         assert reason in message, message
@@ -128,9 +122,9 @@ def test_if_exists_falls_back_and_retention_keeps_the_intact_checkpoints(tmp_pat
     try:
         with pytest.warns(UserWarning, match="checkpoint_2"):
             assert acc.load_state(if_exists=True) == str(checkpoints / "checkpoint_1")
-        assert _same(_params(model), held[1])
+        assert same_params(params_of(model), held[1])
         for _ in range(2):
-            _step(acc, model, optimizer)
+            train_step(acc, model, optimizer)
             acc.save_state()
         # the damaged one is kept aside (never counted, never deleted), the intact ones are the newest 3
         assert sorted(os.listdir(checkpoints)) == ["checkpoint_1", "checkpoint_2.damaged", "checkpoint_3",
@@ -148,7 +142,7 @@ def test_when_no_checkpoint_verifies_load_state_raises_naming_each_and_if_exists
     for n in range(3):
         _flip(checkpoints / f"checkpoint_{n}" / "model_0.safetensors")
     acc, model, _ = _accelerator(tmp_path)
-    before = _params(model)
+    before = params_of(model)
     try:
         with pytest.warns(UserWarning), pytest.raises(CheckpointError) as caught:
             acc.load_state(if_exists=True)
@@ -156,7 +150,7 @@ def test_when_no_checkpoint_verifies_load_state_raises_naming_each_and_if_exists
         for n in range(3):
             assert str(checkpoints / f"checkpoint_{n}") in message, message
         assert "if_exists" in message and "#no-checkpoint-verifies" in message, message
-        assert _same(_params(model), before)
+        assert same_params(params_of(model), before)
         assert sorted(os.listdir(checkpoints)) == [f"checkpoint_{n}.damaged" for n in range(3)]
         # a restart (unified launch --max-restarts) must not start fresh over them either
         for call in (lambda: acc.load_state(if_exists=True), acc.load_state):
@@ -203,7 +197,7 @@ def test_a_damaged_checkpoint_named_explicitly_raises_and_stays_where_it_is(tmp_
     checkpoints = tmp_path / "checkpoints"
     _flip(checkpoints / "checkpoint_2" / "model_0.safetensors")
     acc, model, _ = _accelerator(tmp_path)
-    before = _params(model)
+    before = params_of(model)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -211,7 +205,7 @@ def test_a_damaged_checkpoint_named_explicitly_raises_and_stays_where_it_is(tmp_
                          lambda: acc.load_state(str(checkpoints / "checkpoint_2"), if_exists=True)):
                 with pytest.raises(CheckpointError, match="checksum mismatch"):
                     call()
-        assert _same(_params(model), before)
+        assert same_params(params_of(model), before)
         assert sorted(os.listdir(checkpoints)) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
     finally:
         acc.end_training()

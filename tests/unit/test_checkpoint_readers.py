@@ -14,8 +14,7 @@ import stat
 import struct
 import threading
 import time
-import tracemalloc
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict
 
 import numpy as np
 import pytest
@@ -26,6 +25,8 @@ from hypothesis import strategies as st
 from unified.checkpoint import codec, layout, safetensors_io
 from unified.checkpoint.manifest import MANIFEST, check_file_name, read_manifest, write_manifest
 from unified.errors import CheckpointError
+
+from .helpers import peak_of
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -55,17 +56,6 @@ def _signed(directory: str, document: Any) -> None:
         json.dump(document, handle)
 
 
-def _peak_of(fn: Callable[[], Any]) -> Tuple[int, Any]:
-    """(peak bytes allocated while ``fn`` ran, its result or the exception it raised)."""
-    tracemalloc.start()
-    try:
-        try:
-            outcome = fn()
-        except Exception as err:  # noqa: BLE001 - the caller asserts on it
-            outcome = err
-        return tracemalloc.get_traced_memory()[1], outcome
-    finally:
-        tracemalloc.stop()
 
 
 def _safetensors(header: bytes, data: bytes = b"") -> bytes:
@@ -206,7 +196,7 @@ def test_a_header_beyond_the_cap_is_refused_before_parsing():
     cap = getattr(safetensors_io, "MAX_HEADER_BYTES", 64 << 20)
     header = b"{}" + b" " * (cap - 1)
     buffer = _safetensors(header)
-    peak, outcome = _peak_of(lambda: safetensors_io.parse(buffer, "big.safetensors"))
+    peak, outcome = peak_of(lambda: safetensors_io.parse(buffer, "big.safetensors"))
     assert isinstance(outcome, CheckpointError) and "big.safetensors" in str(outcome), outcome
     assert "header" in str(outcome) and str(cap) in str(outcome)
     assert peak < 1 << 20  # nothing was copied or parsed
@@ -215,7 +205,7 @@ def test_a_header_beyond_the_cap_is_refused_before_parsing():
 def test_a_manifest_beyond_the_cap_is_refused_before_reading(tmp_path):
     with open(tmp_path / MANIFEST, "wb") as handle:
         handle.truncate((64 << 20) + 1)
-    peak, outcome = _peak_of(lambda: read_manifest(str(tmp_path)))
+    peak, outcome = peak_of(lambda: read_manifest(str(tmp_path)))
     assert isinstance(outcome, CheckpointError) and "larger than" in str(outcome), outcome
     assert peak < 1 << 20
 
@@ -246,7 +236,7 @@ def test_memory_of_parsing_a_hostile_header_is_bounded(shape):
     header = _HOSTILE[shape]()
     header += b" " * (-len(header) % 8)
     buffer = _safetensors(header)
-    peak, outcome = _peak_of(lambda: safetensors_io.parse(buffer, "h.safetensors"))
+    peak, outcome = peak_of(lambda: safetensors_io.parse(buffer, "h.safetensors"))
     assert isinstance(outcome, (CheckpointError, dict)), outcome
     assert peak <= HEADER_PARSE_RATIO * len(header), f"{peak / len(header):.1f}x the header"
 
@@ -255,7 +245,7 @@ def test_memory_of_parsing_a_hostile_header_is_bounded(shape):
 def test_memory_of_parsing_a_hostile_manifest_is_bounded(tmp_path, shape):
     raw = _HOSTILE[shape]()
     (tmp_path / MANIFEST).write_bytes(raw)
-    peak, outcome = _peak_of(lambda: read_manifest(str(tmp_path)))
+    peak, outcome = peak_of(lambda: read_manifest(str(tmp_path)))
     assert isinstance(outcome, CheckpointError), outcome
     assert peak <= MANIFEST_PARSE_RATIO * len(raw), f"{peak / len(raw):.1f}x the manifest"
 
@@ -287,7 +277,7 @@ def _writer_header(count: int, name: str) -> bytes:
 def test_headers_our_writer_produces_parse_within_the_bound(name):
     header = _writer_header(20000, name)
     buffer = _safetensors(header)
-    peak, outcome = _peak_of(lambda: safetensors_io.parse(buffer, "h.safetensors"))
+    peak, outcome = peak_of(lambda: safetensors_io.parse(buffer, "h.safetensors"))
     assert isinstance(outcome, dict) and len(outcome) == 20000, outcome
     assert peak <= HEADER_PARSE_RATIO * len(header), f"{peak / len(header):.1f}x the header"
 
@@ -299,7 +289,7 @@ def test_manifests_our_writer_produces_parse_within_the_bound(tmp_path):
     files = {f"rng_{i}.safetensors": {"size": 100, "xxh3": "0" * 16} for i in range(500)}
     write_manifest(str(tmp_path), _body(files, structures={"optimizer_0": structure}, objects=["optimizer_0"]))
     size = os.path.getsize(tmp_path / MANIFEST)
-    peak, outcome = _peak_of(lambda: read_manifest(str(tmp_path)))
+    peak, outcome = peak_of(lambda: read_manifest(str(tmp_path)))
     assert isinstance(outcome, dict), outcome
     assert peak <= MANIFEST_PARSE_RATIO * size, f"{peak / size:.1f}x the manifest"
 

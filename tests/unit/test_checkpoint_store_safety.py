@@ -19,23 +19,16 @@ import pytest
 from unified.checkpoint import lease
 from unified.checkpoint.store import ObjectStore
 from unified.errors import CheckpointError
-from unified.testing.object_store import gcs_server, missing_gcs_packages, missing_store_packages, s3_server
+from unified.testing.object_store import missing_store_packages
+
+from .helpers import params_of, same_params, train_step
 
 pytestmark = pytest.mark.skipif(missing_store_packages() is not None, reason=str(missing_store_packages()))
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(scope="module", params=["s3", "gs"])
-def server(request):
-    if request.param == "gs" and missing_gcs_packages():
-        pytest.skip(missing_gcs_packages())
-    with (s3_server() if request.param == "s3" else gcs_server()) as running:
-        yield running
 
 
-@pytest.fixture
-def bucket(server):
-    return server.bucket(), server.filesystem()
 
 
 @pytest.fixture
@@ -60,18 +53,10 @@ def run_at():
         acc.end_training()
 
 
-def _step(acc, model, optimizer):
-    acc.backward(model(torch.ones(2, 4)).sum())
-    optimizer.step()
-    optimizer.zero_grad()
 
 
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _same(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _names(fs, url):
@@ -91,9 +76,9 @@ def test_a_damaged_newest_checkpoint_on_a_store_is_set_aside_and_never_deleted(b
     acc, model, optimizer = run_at(project, total_limit=2)
     held = []
     for _ in range(3):
-        _step(acc, model, optimizer)
+        train_step(acc, model, optimizer)
         acc.save_state()
-        held.append(_params(model))
+        held.append(params_of(model))
     acc.end_training()
     _flip(fs, f"{checkpoints}/checkpoint_2/model_0.safetensors")
 
@@ -102,11 +87,11 @@ def test_a_damaged_newest_checkpoint_on_a_store_is_set_aside_and_never_deleted(b
         assert later.load_state(if_exists=True) == f"{checkpoints}/checkpoint_1"
     message = " ".join(str(w.message) for w in said)
     assert "checkpoint_2" in message and "checksum mismatch" in message and "manifest.json.damaged" in message
-    assert _same(_params(model2), held[1])
+    assert same_params(params_of(model2), held[1])
     assert not fs.exists(f"{checkpoints}/checkpoint_2/manifest.json")
     assert fs.exists(f"{checkpoints}/checkpoint_2/manifest.json.damaged")
     for _ in range(2):  # numbered past it; neither the leftover cleanup nor retention deletes it
-        _step(later, model2, optimizer2)
+        train_step(later, model2, optimizer2)
         later.save_state()
     assert _names(fs, checkpoints) == ["checkpoint_2", "checkpoint_3", "checkpoint_4"]
     assert fs.exists(f"{checkpoints}/checkpoint_2/manifest.json.damaged")
@@ -150,7 +135,7 @@ def test_retention_on_a_store_deletes_the_manifest_first_and_reports_a_failed_de
     store_fs = ObjectStore(project).fs  # the client the manager uses (fsspec keeps one per options)
     calls = []
     _failing_deletes(store_fs, monkeypatch, calls)
-    _step(acc, model, optimizer)
+    train_step(acc, model, optimizer)
     with pytest.raises(CheckpointError, match="committed the checkpoint, but removing older ones") as caught:
         acc.save_state()
     monkeypatch.undo()

@@ -15,24 +15,13 @@ import pytest
 from unified.checkpoint import safetensors_io
 from unified.checkpoint.store import ObjectStore, location_of
 from unified.errors import CheckpointError
-from unified.testing.object_store import gcs_server, missing_gcs_packages, missing_store_packages, s3_server
+from unified.testing.object_store import missing_store_packages
 
 pytestmark = pytest.mark.skipif(missing_store_packages() is not None, reason=str(missing_store_packages()))
 
 
-@pytest.fixture(scope="module", params=["s3", "gs"])
-def server(request):
-    """The S3 server (moto) and the GCS emulator (gcp-storage-emulator), each on loopback."""
-    if request.param == "gs" and missing_gcs_packages():
-        pytest.skip(missing_gcs_packages())
-    with (s3_server() if request.param == "s3" else gcs_server()) as running:
-        yield running
 
 
-@pytest.fixture
-def bucket(server):
-    """A fresh bucket: ``s3://NAME``, and the fsspec file system that reaches it."""
-    return server.bucket(), server.filesystem()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import itertools
 import json
 import string
 import struct
-import tracemalloc
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
@@ -26,6 +25,8 @@ from hypothesis import strategies as st
 
 from unified.checkpoint import manifest, safetensors_io
 from unified.errors import CheckpointError
+
+from .helpers import peak_of
 
 HEADER_RATIO = 10        # docs/checkpoints.md: parsing a header costs at most 10 times its size
 MANIFEST_RATIO = manifest.MAX_PARSE_RATIO  # ... a manifest at most 20 times
@@ -78,17 +79,6 @@ HEADERS: Dict[str, Callable[[], bytes]] = {
 }
 
 
-def _peak_of(fn: Callable[[], Any]) -> Tuple[int, Any]:
-    """(peak bytes allocated while ``fn`` ran, its result or the exception it raised)."""
-    tracemalloc.start()
-    try:
-        try:
-            outcome = fn()
-        except Exception as err:  # noqa: BLE001 - the caller asserts on it
-            outcome = err
-        return tracemalloc.get_traced_memory()[1], outcome
-    finally:
-        tracemalloc.stop()
 
 
 def _paths(raw: bytes, path: str) -> Dict[str, Callable[[], Any]]:
@@ -134,7 +124,7 @@ def header_files(tmp_path_factory) -> Dict[str, Tuple[bytes, bytes, str]]:
 @pytest.mark.parametrize("reader", PATHS)
 def test_every_reader_parses_a_hostile_header_within_ten_times_its_size(header_files, reader, shape):
     header, raw, path = header_files[shape]
-    peak, outcome = _peak_of(_paths(raw, path)[reader])
+    peak, outcome = peak_of(_paths(raw, path)[reader])
     assert not isinstance(outcome, Exception) or isinstance(outcome, CheckpointError), outcome
     assert peak <= HEADER_RATIO * len(header), f"{reader}: {peak / len(header):.1f}x the header ({shape})"
 
@@ -202,7 +192,7 @@ def test_every_manifest_reader_stays_within_twenty_times_its_size(tmp_path, read
         return manifest.check_manifest(manifest.parse_manifest_json(text, "s3://b/manifest.json"), "s3://b")
 
     call = (lambda: manifest.read_manifest(str(tmp_path))) if reader == "read_manifest" else store
-    peak, outcome = _peak_of(call)
+    peak, outcome = peak_of(call)
     assert isinstance(outcome, dict), outcome
     bound = max(MANIFEST_RATIO * len(raw), MANIFEST_FLOOR)
     assert peak <= bound, f"{reader}: {peak / len(raw):.1f}x the manifest ({shape}, {len(raw)} bytes)"
