@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(not BACKENDS, reason="neither torch nor jax is installed")
 def test_fault_benchmark_short_mode_passes_every_row():
-    run = subprocess.run([sys.executable, "-m", "tests.faults", "--short", "--no-picture", "--rows", "3,4", "--damage-cases", "5", "--seed", "11", "--backends", BACKENDS[0]],
+    run = subprocess.run([sys.executable, "-m", "tests.faults", "--short", "--no-picture", "--rows", "3,4",
+                          "--damage-cases", "5", "--seed", "11", "--backends", BACKENDS[0]],
                          cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-12000:]
     assert "FAILED" not in run.stdout, run.stdout[-12000:]

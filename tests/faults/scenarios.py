@@ -26,8 +26,8 @@ import numpy as np
 
 import unified
 from unified import Accelerator
-
-from unified.testing import scenarios
+from unified.testing.checkpoint_scenarios import _project_acc, save_until_killed
+from unified.testing.data_scenarios import CountingDataset, _rows
 from unified.testing.scenario import scenario
 
 
@@ -111,9 +111,9 @@ def fault_train_kill(state: dict) -> dict:
 # -- 2. the whole group is killed during save_state ------------------------------------------------------
 @scenario(requires=("TrainingObjects",))
 def fault_save_loop(state: dict) -> dict:
-    """`scenarios.ckpt_save_loop` with the save mode fixed by FAULT_SAVE_MODE (sync / async)."""
+    """`checkpoint_scenarios.ckpt_save_loop` with the save mode fixed by FAULT_SAVE_MODE (sync / async)."""
     asynchronous = os.environ["FAULT_SAVE_MODE"] == "async"
-    return scenarios.save_until_killed(scenarios._project_acc(state, total_limit=3), lambda i: asynchronous)
+    return save_until_killed(_project_acc(state, total_limit=3), lambda i: asynchronous)
 
 
 # -- 3/4. damaged and hostile checkpoints -------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _count_setup(state: dict):
     acc = Accelerator(timeout=60, seed=3)
     state["acc"] = acc
     run = make(acc)
-    loader = acc.prepare(unified.DataLoader(scenarios.CountingDataset(DATA_SAMPLES), batch_size=1, shuffle=True, seed=11))
+    loader = acc.prepare(unified.DataLoader(CountingDataset(DATA_SAMPLES), batch_size=1, shuffle=True, seed=11))
     return acc, run, loader
 
 
@@ -274,7 +274,7 @@ def fault_count_load(state: dict) -> dict:
         (generator, value), = template["framework"].items()  # one framework generator on CPU
         acc._backend.seed(derived_rng_seed(generator, rank, saved, value))
         expected_draws = run.draws()
-    rows = [scenarios._rows(b) for b in loader]  # the rest of the epoch, this process's share
+    rows = [_rows(b) for b in loader]  # the rest of the epoch, this process's share
     return {"raised": None, "state_hash": loaded_hash, "rng_warnings": rng_warnings, "draws": draws,
             "expected_draws": expected_draws, "rows": rows, "num_processes": acc.num_processes}
 
@@ -285,10 +285,10 @@ def fault_enospc(state: dict) -> dict:
     """For each case "mode:victim" in FAULT_ENOSPC: save A, step, then save B while
     safetensors_io.write raises ENOSPC (after writing a few bytes) on process ``victim`` once.
     Then: B must not exist, load_state() must load A with A's state."""
-    from unified.testing.training import make
     from unified.checkpoint import safetensors_io
+    from unified.testing.training import make
 
-    acc = scenarios._project_acc(state)
+    acc = _project_acc(state)
     run = make(acc)
     rank = acc.process_index
     real_write = safetensors_io.write
@@ -301,9 +301,9 @@ def fault_enospc(state: dict) -> dict:
         run.step()
         calls = {"n": 0}
 
-        def full_disk(path, arrays, metadata=(), **options):
-            calls["n"] += 1
-            if calls["n"] > 1:
+        def full_disk(path, arrays, metadata=(), *, _calls=calls, **options):
+            _calls["n"] += 1
+            if _calls["n"] > 1:
                 return real_write(path, arrays, metadata, **options)
             with open(path, "wb") as handle:  # a partly written file, as a full disk leaves
                 handle.write(b"\0" * 16)
@@ -398,7 +398,7 @@ def _store_project_acc(state: dict) -> Accelerator:
 def fault_store_save_loop(state: dict) -> dict:
     """Save to the store after every step until the parent kills the group; the main process
     appends each save's iteration and parameter hash to expected.jsonl before the save."""
-    return scenarios.save_until_killed(_store_project_acc(state), lambda i: False)
+    return save_until_killed(_store_project_acc(state), lambda i: False)
 
 
 @scenario(requires=("TrainingObjects",))
@@ -419,8 +419,10 @@ def fault_store_load_newest(state: dict) -> dict:
         folder = newest.rstrip("/").rsplit("/", 1)[0]
         store = ObjectStore(folder)
         names = store._names(folder)
-        result["uncommitted"] = [n for n in names if n.startswith("checkpoint_") and not store.has_manifest(f"{folder}/{n}")]
+        result["uncommitted"] = [n for n in names
+                                 if n.startswith("checkpoint_") and not store.has_manifest(f"{folder}/{n}")]
         bucket = store._path(folder).split("/", 1)[0]
-        result["unfinished_uploads"] = [u["Key"] for u in store.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])]
+        uploads = store.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])
+        result["unfinished_uploads"] = [u["Key"] for u in uploads]
     acc.end_training()
     return result
