@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .api.checkpointing import Checkpointing
 from .api.jobs import JobControl
+from .api.prepared import PREPARED_KINDS, PreparedObjects
 from .api.tracking import Tracking
 from .api.training import TrainingLoopCalls
 from .backend import Autograd, Backend, DeviceMesh, ShardedTraining, TrainingLoop, TrainingObjects, require
@@ -13,9 +14,12 @@ from .backend.registry import create_backend, resolve_backend_name
 from .checkpoint.asynchronous import AsyncSave
 from .checkpoint.files import save_arrays, save_arrays_gathered
 from .checkpoint.manager import CheckpointManager, Entry
+from .compat.hooks import StateHooks
+from .compat.host import HostParts
 from .compat.kwargs_handlers import options_of, resolve_handlers
-from .compat.operations import set_current
-from .compat.surface import PREPARED_KINDS, AccelerateSurface, check_accelerate_kwargs
+from .compat.operations import set_current, set_ended
+from .compat.surface import AccelerateSurface
+from .compat.unsupported import check_accelerate_kwargs
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
 from .data import prepare_loader, skip_first_batches
 from .errors import CheckpointError, see
@@ -133,8 +137,9 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         self.seed = seed
         if seed is not None:
             set_seed(seed, backend=self._backend)
-        self._init_state()
-        set_current(self)  # for unified.utils' function forms of the collectives
+        parts = self._init_state()
+        self._compose(parts)  # Accelerate's names work through these (unified.compat.host)
+        set_current(self, parts)  # for unified.utils' function forms of the collectives
 
     def _start_watchdog(self, timeout: float) -> Optional[Watchdog]:
         """Tell every process when the group broke, and end the ones that cannot raise."""
@@ -147,15 +152,13 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         watchdog.in_timed_call = lambda: self._collectives.in_call > 0
         return watchdog
 
-    def _init_state(self) -> None:
+    def _init_state(self) -> HostParts:
         self._checkpoints = CheckpointManager(self._backend, self._collectives, self.project_configuration)
         self._checkpoints.tracker_identities = self._trackers.identities
         self._counts: Dict[str, int] = {}
         self._async_save: Optional[AsyncSave] = None
-        self._prepared: List[Tuple[str, Any]] = []
-        self._loaders: List[Any] = []
-        self._save_state_pre_hooks: Dict[int, Callable[..., None]] = {}
-        self._load_state_pre_hooks: Dict[int, Callable[..., None]] = {}
+        self._prepared = PreparedObjects(untrack=self._untrack_prepared)
+        self._state_hooks = StateHooks(self._prepared, self._backend, self._collectives)
         self._metrics = Metrics(self._collectives)
         if self._loop is not None:
             self._loop.configure_loop(LoopSettings(
@@ -163,6 +166,8 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
                 data_parallel_options=options_of(self.ddp_handler), loss_scaler_options=options_of(self.scaler_handler),
                 autocast_options=options_of(self.autocast_handler)))
             self._checkpoint_loop_state()
+        return HostParts(self._backend, self._collectives, self._loop, self._trackers, self._prepared,
+                         self._state_hooks)
 
     def _checkpoint_loop_state(self) -> None:
         """Save the loop's state (once) where there is one to save: the position inside an
@@ -285,7 +290,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def _prepare_one(self, position: int, obj: Any) -> Any:
-        if any(obj is mine for mine in self._loaders) or any(obj is mine for _, mine in self._prepared):
+        if obj in self._prepared:
             return obj  # prepared already: the same object, tracked once
         seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
         loader = prepare_loader(obj, self._backend, seed)
@@ -297,7 +302,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             self._metrics.watch(loader)
             self._track("dataloader", loader, loader.state_dict, loader.load_state_dict,
                         check=lambda state, _saved_processes: loader.check_state_dict(state))
-            self._loaders.append(loader)
+            self._prepared.add_loader(loader)
             return _marked_prepared(loader)
         result = self._backend.prepare(obj) if isinstance(self._backend, TrainingObjects) else None
         if result is None:
@@ -308,7 +313,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
                 + see("cannot-prepare")
             )
         kind, prepared = result
-        self._prepared.append((kind, _marked_prepared(prepared)))
+        self._prepared.add(kind, _marked_prepared(prepared))
         backend = self._backend
         self._track(kind, prepared, lambda: backend.state_of(kind, prepared),
                     lambda state: backend.load_state_into(kind, prepared, state), strict=kind == "model",
@@ -317,14 +322,12 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
                     replaceable=lambda: backend.replaceable_arrays(kind, prepared))
         return prepared
 
-    def _forget_prepared(self) -> None:
-        """`free_memory`: what `prepare` tracked is no longer saved or guarded."""
+    def _untrack_prepared(self) -> None:
+        """`free_memory` (through `PreparedObjects.forget`): what `prepare` tracked is no longer saved."""
         self._checkpoints.entries = [e for e in self._checkpoints.entries
                                      if e.name != "scaler" and e.name.rsplit("_", 1)[0] not in PREPARED_KINDS]
         for kind in PREPARED_KINDS:
             self._counts.pop(kind, None)
-        self._prepared.clear()
-        self._loaders.clear()
 
     def _track(self, kind: str, obj: Any, get_state: Callable[[], Any], set_state: Callable[[Any], None],
                managed: bool = True, strict: bool = False,
@@ -429,6 +432,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             self._watchdog.close()
         self._backend.shutdown()
         self._ended = True
+        set_ended(self)
 
     def _finish_pending(self) -> None:
         self.wait_for_checkpoint()

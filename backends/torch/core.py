@@ -30,6 +30,7 @@ from . import private
 from .control import TorchControlPlane
 from .data import TorchData
 from .loop import PreparedScheduler, TorchTrainingLoop
+from .offload import offloaded_state
 from .sharding import TorchSharding
 from .tensors import SAFETENSORS_DTYPES, export_contiguous, export_tensor, storable, tensor_from_numpy, whole_local
 
@@ -326,7 +327,11 @@ class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autog
             state = self.sharded_state_of(kind, obj)
             if state is not None:
                 return state
-        return (self.unwrap_model(obj) if kind == "model" else obj).state_dict()
+        if kind != "model":
+            return obj.state_dict()
+        model = self.unwrap_model(obj)
+        onloaded = offloaded_state(model) if isinstance(model, torch.nn.Module) else None
+        return onloaded if onloaded is not None else model.state_dict()
 
     def replaceable_arrays(self, kind: str, obj: Any) -> Any:
         """The tensors of a model's or optimizer's state that live on a device (a GPU) and that

@@ -100,6 +100,21 @@ class TorchTrainingLoop(TrainingLoop):
             return sharded
         return model.no_sync() if isinstance(model, DDP) else contextlib.nullcontext()
 
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: Any) -> Any:
+        """DDP's gradients reduced by the next backward even inside ``no_sync``, as Accelerate's
+        ``trigger_sync_in_backward`` (it sets the same flags and prepares the reducer)."""
+        if not isinstance(model, DDP):
+            yield
+            return
+        before = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = before
+
     @property
     def loss_scaler(self) -> Optional[Any]:
         return self._scaler

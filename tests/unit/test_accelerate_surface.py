@@ -202,8 +202,8 @@ def test_what_unified_does_not_have_is_a_clear_error():
         acc.profile()
     with pytest.raises(NotImplementedError, match="accelerator.backward"):
         acc.lomo_backward(None, 0.1)
-    with pytest.raises(NotImplementedError, match="accumulate"):
-        acc.trigger_sync_in_backward(None)
+    with acc.trigger_sync_in_backward(None):  # no gradients synchronised by a backward here: nothing to do
+        pass
 
 
 def test_context_managers_that_do_nothing_here():

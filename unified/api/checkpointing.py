@@ -62,9 +62,9 @@ class Checkpointing:
         if self.project_configuration.automatic_checkpoint_naming:
             self.project_configuration.iteration += 1
         begun, skip, hooks = None, [], ({}, None)
-        if self._save_state_pre_hooks:  # they write into the checkpoint before its files are written
+        if self._state_hooks.has_save_hooks:  # they write into the checkpoint before its files are written
             begun = manager.begin(final)
-            skip, *hooks = manager.run_save_hooks(begun[1], self._run_save_state_pre_hooks)
+            skip, *hooks = manager.run_save_hooks(begun[1], self._state_hooks.run_save)
         if not async_save:
             snapshot = manager.safe_snapshot(iteration, skip=skip)
             snapshot.hook_files, snapshot.hook_error = hooks
@@ -84,7 +84,7 @@ class Checkpointing:
         pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot, sharded, detached.set),
                             detached=detached)
         if guarded:
-            pending.release = self._backend.guard_writes(self._prepared, pending.wait_detached)
+            pending.release = self._backend.guard_writes(self._prepared.pairs(), pending.wait_detached)
         self._async_save = pending
         return final
 
@@ -151,7 +151,7 @@ class Checkpointing:
         if if_exists:
             if not self._checkpoints.has_checkpoint(input_dir):
                 return None
-        return self._checkpoints.load_newest(input_dir, self._run_load_state_pre_hooks, if_exists=if_exists)
+        return self._checkpoints.load_newest(input_dir, self._state_hooks.run_load, if_exists=if_exists)
 
 
 def _pretty_name(obj: Any) -> str:

@@ -1,7 +1,7 @@
 """The backend contract: what a framework supplies, and how a backend is found.
 
-`capabilities` declares `Backend` (the primitives every backend has), the optional capabilities
-a backend may add (`TrainingObjects`, `ShardedArrays`, ...) and `HealthChannel`; `registry` maps
+`base` declares `Backend` (the primitives every backend has) and `HealthChannel`;
+`capabilities` the optional capabilities a backend may add (`TrainingObjects`, `ShardedArrays`, ...); `registry` maps
 a backend's name to its code (the default entries and the ``unified.backends`` entry points);
 `toolkit` is the stable set of helpers a backend author may import (`ProcessEnvironment`,
 `Launcher`, `export_numpy`, ...). The classes to subclass are exported here; the conformance

@@ -987,7 +987,7 @@ class CheckpointManager:
         skipped (``if_exists`` too: starting fresh would throw away their training).
 
         Example:
-            >>> manager.load_newest(None, accelerator._run_load_state_pre_hooks)
+            >>> manager.load_newest(None, state_hooks.run_load)
             'runs/exp1/checkpoints/checkpoint_4'
         """
         target, automatic = self.load_target(input_dir)

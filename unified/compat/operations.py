@@ -2,7 +2,9 @@
 ``broadcast_object_list``, ``gather``, ``reduce``, ``broadcast``, ``pad_across_processes``) and
 its memory helpers (``release_memory``, ``find_executable_batch_size``). The collectives act
 through the process's live `Accelerator` (the newest one not ended), as Accelerate's act
-through its process-wide state; objects travel as JSON, never pickled."""
+through its process-wide state; objects travel as JSON, never pickled. The Accelerator registers
+itself here when it is made, with the parts these functions use (`unified.compat.host.HostParts`),
+and says when it has ended."""
 from __future__ import annotations
 
 import functools
@@ -10,43 +12,66 @@ import gc
 import inspect
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from ..errors import see
 
 if TYPE_CHECKING:
     from ..accelerator import Accelerator
+    from .host import HostParts
 
-__all__ = ["current", "current_or_none", "set_current", "gather_object", "broadcast_object_list", "gather", "reduce",
-           "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size"]
+__all__ = ["current", "current_or_none", "set_current", "set_ended", "gather_object", "broadcast_object_list",
+           "gather", "reduce", "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size"]
 
-_current: Optional["weakref.ReferenceType[Accelerator]"] = None
+# (the Accelerator, its parts), both weakly: a registered Accelerator may still be collected
+_Live = Tuple["weakref.ReferenceType[Accelerator]", "weakref.ReferenceType[HostParts]"]
+_current: Optional[_Live] = None
 # the Accelerator a thread made itself comes first (the in-memory test groups run one per thread)
 _made_here = threading.local()
+_ended: "weakref.WeakSet[Accelerator]" = weakref.WeakSet()
 
 
-def set_current(accelerator: Optional["Accelerator"]) -> None:
-    """Called by `Accelerator` when it is made (``accelerator``) and ended (``None``)."""
+def set_current(accelerator: Optional["Accelerator"], parts: Optional["HostParts"] = None) -> None:
+    """Called by `Accelerator` when it is made: ``accelerator`` and the ``parts`` it is composed
+    of become this thread's (and the process's) live ones; ``None`` (or no parts) forgets them."""
     global _current
-    _current = _made_here.ref = weakref.ref(accelerator) if accelerator is not None else None
+    live = accelerator is not None and parts is not None
+    _current = _made_here.ref = (weakref.ref(accelerator), weakref.ref(parts)) if live else None
+
+
+def set_ended(accelerator: "Accelerator") -> None:
+    """Called by `Accelerator.end_training`: ``accelerator`` is no longer live."""
+    _ended.add(accelerator)
+
+
+def _live() -> Optional[Tuple["Accelerator", "HostParts"]]:
+    """The live Accelerator (see `current_or_none`) and its parts."""
+    ref = getattr(_made_here, "ref", _current)
+    accelerator, parts = (ref[0](), ref[1]()) if ref is not None else (None, None)
+    if accelerator is None or parts is None or accelerator in _ended:
+        return None
+    return accelerator, parts
 
 
 def current_or_none() -> Optional["Accelerator"]:
     """The newest Accelerator this thread made (if it made one), else the process's newest;
     None once that one has ended."""
-    ref = getattr(_made_here, "ref", _current)
-    accelerator = ref() if ref is not None else None
-    return accelerator if accelerator is not None and not accelerator._ended else None
+    live = _live()
+    return live[0] if live is not None else None
 
 
 def current() -> "Accelerator":
     """The process's live `Accelerator`; a clear error before one is made."""
-    accelerator = current_or_none()
-    if accelerator is None:
+    return _current_live()[0]
+
+
+def _current_live() -> Tuple["Accelerator", "HostParts"]:
+    live = _live()
+    if live is None:
         raise RuntimeError("unified.utils collectives need a live Accelerator in this process: create "
                            "Accelerator(...) first (and do not call them after end_training())."
                            + see("no-accelerator"))
-    return accelerator
+    return live
 
 
 def gather_object(object: Any) -> Any:
@@ -69,11 +94,10 @@ def broadcast_object_list(object_list: List[Any], from_process: int = 0) -> List
     Example:
         >>> broadcast_object_list([accelerator.process_index])   # [0] on every process
     """
-    accelerator = current()
+    accelerator, parts = _current_live()
     if accelerator.num_processes > 1:
         mine = list(object_list) if accelerator.process_index == from_process else None
-        object_list[:] = accelerator._collectives.broadcast_json(mine, src=from_process,
-                                                                 operation="broadcast_object_list")
+        object_list[:] = parts.collectives.broadcast_json(mine, src=from_process, operation="broadcast_object_list")
     return object_list
 
 
@@ -121,9 +145,9 @@ def release_memory(*objects: Any) -> List[None]:
         >>> a, b = release_memory(a, b)
     """
     gc.collect()
-    accelerator = current_or_none()
-    if accelerator is not None:
-        accelerator._backend.release_device_memory()
+    live = _live()
+    if live is not None:
+        live[1].backend.release_device_memory()
     return [None] * len(objects)
 
 

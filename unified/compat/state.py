@@ -1,12 +1,14 @@
 """``accelerator.state``: Accelerate's `AcceleratorState` as scripts read it (its fields and how it
-prints), a read-only view of one `Accelerator`."""
+prints), a read-only view of one `Accelerator` through its public names (`unified.compat.host.SurfaceHost`)
+and its backend, handed to it."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from ..accelerator import Accelerator
+    from ..backend import Backend
     from ..config import DistributedType
+    from .host import SurfaceHost
 
 __all__ = ["AcceleratorState"]
 
@@ -36,8 +38,9 @@ class AcceleratorState:
     parallelism_config = None
     dynamo_plugin = None
 
-    def __init__(self, accelerator: "Accelerator") -> None:
+    def __init__(self, accelerator: "SurfaceHost", backend: "Backend") -> None:
         self._accelerator = accelerator
+        self._backend = backend
 
     distributed_type = property(lambda self: self._accelerator.distributed_type)
     num_processes = property(lambda self: self._accelerator.num_processes)
@@ -54,7 +57,7 @@ class AcceleratorState:
     @property
     def backend(self) -> Optional[str]:
         """The group's communication library (``"gloo"``, ``"nccl"``), None with one process."""
-        return self._accelerator._backend.communication_backend
+        return self._backend.communication_backend
 
     @property
     def use_distributed(self) -> bool:

@@ -1,27 +1,36 @@
 """Accelerate's smaller public names on `Accelerator`: process-selecting decorators, ``state``,
-``save``, ``free_memory`` and the like. Each is a thin layer over what the Accelerator already
-does; the `Accelerator` class inherits them so that ``accelerator.py`` keeps the semantics."""
+``save``, ``free_memory``, ``prepare_model`` and the like, each a thin layer over what the
+Accelerator already does. `AccelerateSurface` is mixed into the `unified.Accelerator` (so that
+``help(Accelerator)`` shows every name) but reads it only through its public names, declared by
+`unified.compat.host.SurfaceHost`, and through the composed parts the Accelerator hands it
+(`unified.compat.host.HostParts`: backend, collectives, loop, trackers, prepared objects, state
+hooks); ``accelerator.py`` keeps the semantics."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import gc
 import os
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
 
-from ..config import GradientAccumulationPlugin
+from ..api.prepared import PREPARED_KINDS
+from ..backend import TrainingLoop
 from ..errors import see
+from .hooks import RemovableHandle
 from .state import AcceleratorState
+from .unsupported import AbsentFeatures, _unsupported, check_accelerate_kwargs
 
 if TYPE_CHECKING:
-    from ..backend import Backend
+    from .host import HostParts, SurfaceHost
+
+    _Host = SurfaceHost  # what the mixin reads of its host, for the type checker
+else:
+    _Host = object
+
+# PREPARED_KINDS, RemovableHandle and check_accelerate_kwargs are importable from here as before
+__all__ = ["AccelerateSurface", "only_if", "PREPARED_KINDS", "RemovableHandle", "check_accelerate_kwargs"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-# The kinds of objects `prepare` tracks, which `free_memory` forgets (registered objects stay, as
-# in Accelerate).
-PREPARED_KINDS = ("model", "optimizer", "scheduler", "scaler", "dataloader")
 
 
 def only_if(condition: Callable[[], bool], function: F) -> F:
@@ -35,114 +44,13 @@ def only_if(condition: Callable[[], bool], function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-class RemovableHandle:
-    """What ``register_*_hook`` returns: ``handle.remove()`` unregisters the hook (torch's
-    ``RemovableHandle`` protocol, which Accelerate returns).
+class AccelerateSurface(AbsentFeatures, _Host):
+    """Mixed into `unified.Accelerator`: reads its public names (`unified.compat.host.SurfaceHost`)
+    and the parts `_compose` hands it, nothing else of it."""
 
-    Example:
-        >>> handle = accelerator.register_save_state_pre_hook(hook)   # doctest: +SKIP
-        >>> handle.remove()                                           # doctest: +SKIP
-    """
-
-    _next_id = 0
-
-    def __init__(self, hooks: Dict[int, Callable[..., None]], hook: Callable[..., None]) -> None:
-        RemovableHandle._next_id += 1
-        self.id = RemovableHandle._next_id
-        self._hooks = hooks
-        hooks[self.id] = hook
-
-    def remove(self) -> None:
-        self._hooks.pop(self.id, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
-
-
-# Accelerate's constructor keywords for features unified does not have: accepted at the values
-# that mean "not in use" (as scripts pass them), refused otherwise with what to do instead.
-_ACCELERATE_KWARGS = {
-    "cpu": ((False, True), "unified runs on the backend's device"),
-    "dispatch_batches": ((None, False), "every process reads its own share"),
-    "even_batches": ((True,), "prepared loaders are always even"),
-    "device_placement": ((True,), "prepared objects are always placed on accelerator.device"),
-    "rng_types": ((None,), "every generator is saved and restored; none is synchronised per batch"),
-    "deepspeed_plugin": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
-    "deepspeed_plugins": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
-    "megatron_lm_plugin": ((None,), "Megatron-LM is not supported; shard with fsdp_plugin"),
-    "torch_tp_plugin": ((None,), "tensor parallelism is not supported; shard with fsdp_plugin"),
-    "parallelism_config": ((None,), "shard with fsdp_plugin; other parallelism is not supported"),
-    "dynamo_plugin": ((None,), "call torch.compile(model) yourself before prepare()"),
-    "dynamo_backend": ((None, "no", "NO"), "call torch.compile(model) yourself before prepare()"),
-}
-
-
-def check_accelerate_kwargs(kwargs: Dict[str, Any], gradient_accumulation_steps: int) -> int:
-    """Accelerate's other constructor keywords (`_ACCELERATE_KWARGS`, ``split_batches`` and
-    ``gradient_accumulation_plugin``); returns the accumulation steps to use. A keyword Accelerate
-    does not have is a `TypeError`; a value unified does not implement a `NotImplementedError`."""
-    if kwargs.pop("split_batches", False):
-        # Accelerate 1.15 takes the argument and ignores it (DataLoaderConfiguration holds the
-        # setting); a script passing it runs as it runs there, and is told so
-        warnings.warn("Accelerator(split_batches=True) is ignored, as Accelerate 1.15 ignores it: each process gets "
-                      "the loader's batch_size. DataLoaderConfiguration(split_batches=True) is not supported by "
-                      "unified." + see("not-supported-yet"), FutureWarning, stacklevel=3)
-    plugin = kwargs.pop("gradient_accumulation_plugin", None)
-    if plugin is not None:
-        gradient_accumulation_steps = GradientAccumulationPlugin.steps_of(plugin, gradient_accumulation_steps)
-    for name, value in kwargs.items():
-        if name not in _ACCELERATE_KWARGS:
-            raise TypeError(
-                f"Accelerator() got an unexpected keyword argument {name!r}. Accepted: backend, mixed_precision, "
-                f"gradient_accumulation_steps, gradient_accumulation_plugin, handle_preemption, log_with, fsdp_plugin, "
-                f"dataloader_config, step_scheduler_with_optimizer, project_dir, project_config, seed, timeout, and "
-                f"Accelerate's {', '.join(sorted(_ACCELERATE_KWARGS))} at their default values."
-                + see("unexpected-keyword"))
-        accepted, instead = _ACCELERATE_KWARGS[name]
-        if value not in accepted:
-            raise NotImplementedError(f"Accelerator({name}={value!r}) is not supported by unified: {instead} (or pass "
-                                      f"one of {accepted!r})." + see("not-supported-yet"))
-    return gradient_accumulation_steps
-
-
-def _unsupported(what: str, instead: str) -> NotImplementedError:
-    return NotImplementedError(f"{what} is not supported by unified: {instead}." + see("not-supported-yet"))
-
-
-class AccelerateSurface:
-    """Mixed into `unified.Accelerator`; relies on its identity properties and ``_backend``."""
-
-    # Accelerate's handlers and plugins of features unified does not have (DeepSpeed, fp8, LOMO,
-    # parallelism_config, dynamo, profiling): always their "not in use" value, as on an
-    # Accelerate run that does not use them. The four kwargs handlers unified takes are set by
-    # the constructor (see `unified.compat.kwargs_handlers`).
-    profile_handler = None
-    fp8_recipe_handler = None
-    ao_recipe_handler = None
-    te_recipe_handler = None
-    msamp_recipe_handler = None
-    deepspeed_plugin = None
-    parallelism_config = None
-    torch_device_mesh = None
-    rng_types = None  # unified saves and restores every generator; none is synchronised per batch
-    flag_tensor = None  # the trigger travels through the backend's collectives, not a tensor
-    device_placement = True
-    fp8_enabled = False
-    delayed_fp8_autocast = False
-    has_fp8_handler = False
-    has_lomo_optimizer = False
-    fp8_backend = "NO"
-    is_composable_parallelism_enabled = False
-
-    _backend: "Backend"
-    process_index: int
-    local_process_index: int
-    num_processes: int
-    is_main_process: bool
-    is_local_main_process: bool
+    def _compose(self, parts: "HostParts") -> None:
+        """Called once by the Accelerator's constructor: the objects it is composed of."""
+        self._parts = parts
 
     @property
     def state(self) -> AcceleratorState:
@@ -151,43 +59,40 @@ class AccelerateSurface:
         Example:
             >>> logger.info(accelerator.state, main_process_only=False)   # doctest: +SKIP
         """
-        return AcceleratorState(self)  # type: ignore[arg-type]
+        return AcceleratorState(self, self._parts.backend)
 
     # Accelerate's lists of what `prepare` returned, which its tests and some scripts read
-    def _prepared_of(self, kind: str) -> List[Any]:
-        return [obj for k, obj in self._prepared if k == kind]  # type: ignore[attr-defined]
-
-    _models = property(lambda self: self._prepared_of("model"))
-    _optimizers = property(lambda self: self._prepared_of("optimizer"))
-    _schedulers = property(lambda self: self._prepared_of("scheduler"))
-    _dataloaders = property(lambda self: list(self._loaders))  # type: ignore[attr-defined]
+    _models = property(lambda self: self._parts.prepared.of("model"))
+    _optimizers = property(lambda self: self._parts.prepared.of("optimizer"))
+    _schedulers = property(lambda self: self._parts.prepared.of("scheduler"))
+    _dataloaders = property(lambda self: self._parts.prepared.of("dataloader"))
 
     # Accelerate's views of `dataloader_config`
-    split_batches = property(lambda self: self.dataloader_config.split_batches)  # type: ignore[attr-defined]
-    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)  # type: ignore[attr-defined]
-    even_batches = property(lambda self: self.dataloader_config.even_batches)  # type: ignore[attr-defined]
-    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)  # type: ignore[attr-defined]
-    non_blocking = property(lambda self: self.dataloader_config.non_blocking)  # type: ignore[attr-defined]
-    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)  # type: ignore[attr-defined]
+    split_batches = property(lambda self: self.dataloader_config.split_batches)
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    even_batches = property(lambda self: self.dataloader_config.even_batches)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
 
     @property
     def is_fsdp2(self) -> bool:
         """Whether prepared models are sharded with FSDP2 (torch, ``fsdp_plugin``, several processes)."""
-        return (self.fsdp_plugin is not None and self.num_processes > 1  # type: ignore[attr-defined]
-                and getattr(self._backend, "is_fsdp2", False))
+        return (self.fsdp_plugin is not None and self.num_processes > 1
+                and getattr(self._parts.backend, "is_fsdp2", False))
 
     @property
     def multi_device(self) -> bool:
         """Accelerate's: several processes on accelerator devices (False on CPU, whatever the
         group's distributed type)."""
-        device = self.device  # type: ignore[attr-defined]
+        device = self.device
         kind = getattr(device, "platform", None) or getattr(device, "type", None) or str(device)  # JAX, torch
         return self.num_processes > 1 and kind != "cpu"
 
     @property
     def native_amp(self) -> bool:
         """Whether mixed precision is on."""
-        return self.mixed_precision != "no"  # type: ignore[attr-defined]
+        return self.mixed_precision != "no"
 
     @property
     def should_save_model(self) -> bool:
@@ -197,22 +102,22 @@ class AccelerateSurface:
     @property
     def save_iteration(self) -> int:
         """The number of the next automatically named checkpoint."""
-        return self.project_configuration.iteration  # type: ignore[attr-defined]
+        return self.project_configuration.iteration
 
     @property
     def step(self) -> int:
         """Micro-batches since the accumulation window opened (Accelerate's counter)."""
-        return self.gradient_state.step  # type: ignore[attr-defined]
+        return self.gradient_state.step
 
     @property
     def log_with(self) -> List[Any]:
         """The trackers ``log_with`` asked for (names and tracker objects)."""
-        return list(self._trackers.requested)  # type: ignore[attr-defined]
+        return list(self._parts.trackers.requested)
 
     @property
     def scaler(self) -> Any:
         """The fp16 loss scaler (torch's ``GradScaler``) where there is one, else None."""
-        return getattr(self._loop, "loss_scaler", None)  # type: ignore[attr-defined]
+        return getattr(self._parts.loop, "loss_scaler", None)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide the gradients by the fp16 loss scale now (once per step); nothing without a
@@ -221,87 +126,23 @@ class AccelerateSurface:
         Example:
             >>> accelerator.unscale_gradients()
         """
-        if self._loop is not None:  # type: ignore[attr-defined]
-            self._loop.unscale_gradients()  # type: ignore[attr-defined]
+        if self._parts.loop is not None:
+            self._parts.loop.unscale_gradients()
 
-    def _no_parallelism(self, what: str) -> Any:
-        raise RuntimeError(f"{what} is not configured: unified has no parallelism_config; each process's data "
-                           "rank is accelerator.process_index." + see("no-parallelism-config"))
-
-    data_parallel_rank = property(lambda self: self._no_parallelism("Data parallelism"))
-    data_parallel_shard_rank = property(lambda self: self._no_parallelism("Shard-based data parallelism"))
-    tensor_parallel_rank = property(lambda self: self._no_parallelism("Tensor parallelism"))
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        raise _unsupported("Pipeline parallelism", "as in Accelerate, which does not support it either")
-
-    @property
-    def context_parallel_rank(self) -> int:
-        raise _unsupported("Context parallelism", "as in Accelerate, which does not support it either")
-
-    @contextlib.contextmanager
-    def maybe_context_parallel(self, buffers: Any = None, buffer_seq_dims: Any = None,
-                               no_restore_buffers: Any = None) -> Any:
-        """A no-op context, as Accelerate's without context parallelism.
+    def trigger_sync_in_backward(self, model: Any) -> Any:
+        """A context in which the next `backward` synchronises ``model``'s gradients across
+        processes even inside `no_sync`, as Accelerate's (torch DDP; a no-op elsewhere, e.g. on
+        one process or on JAX, whose gradients are global). For several forwards under
+        ``no_sync`` followed by their backwards, the last one synchronising.
 
         Example:
-            >>> with accelerator.maybe_context_parallel():
-            ...     loss = model(batch)
-        """
-        yield
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: Any, even_batches: Optional[bool] = None) -> Any:
-        """A no-op context: unified's prepared loaders give every process the same number of
-        batches (the last global batch is filled up), so no process waits in a collective for
-        another that ran out.
-
-        Example:
-            >>> with accelerator.join_uneven_inputs([model]):
-            ...     train()
-        """
-        if even_batches is False:
-            raise _unsupported("join_uneven_inputs(even_batches=False)", "prepared loaders always give even batches")
-        yield
-
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
-        """``dl`` unchanged, as Accelerate's without DeepSpeed sequence parallelism.
-
-        Example:
-            >>> loader = accelerator.deepspeed_ulysses_dl_adapter(loader, model)
-        """
-        return dl
-
-    def lomo_backward(self, loss: Any, learning_rate: float) -> None:
-        """Not supported (LOMO optimizers).
-
-        Example:
-            >>> accelerator.backward(loss)   # what to call instead
-        """
-        raise _unsupported("lomo_backward (LOMO optimizers)", "use a standard optimizer and accelerator.backward(loss)")
-
-    def profile(self, profile_handler: Any = None) -> Any:
-        """Not supported: profile with the framework's own profiler.
-
-        Example:
-            >>> with torch.profiler.profile() as prof:   # torch
-            ...     train_step()
-        """
-        raise _unsupported("accelerator.profile()", "use torch.profiler.profile() (torch) or jax.profiler.trace() "
-                           "(JAX) around the code to profile")
-
-    @staticmethod
-    def trigger_sync_in_backward(model: Any) -> Any:
-        """Not supported: unified's `accumulate` synchronises gradients on the micro-batch that
-        closes the window.
-
-        Example:
-            >>> with accelerator.accumulate(model):   # what to use instead
+            >>> with accelerator.trigger_sync_in_backward(model):
             ...     accelerator.backward(loss)
         """
-        raise _unsupported("trigger_sync_in_backward", "accelerator.accumulate(model) synchronises gradients on the "
-                           "micro-batch that closes the window; call backward outside no_sync() to sync earlier")
+        loop = self._parts.backend
+        if not isinstance(loop, TrainingLoop):
+            return contextlib.nullcontext()
+        return loop.sync_in_backward(model)
 
     def verify_device_map(self, model: Any) -> bool:
         """True when ``model`` (or a submodule) was dispatched over several devices with a
@@ -361,16 +202,17 @@ class AccelerateSurface:
         from ..backend import ShardedTraining, TrainingObjects, require
         from ..checkpoint.files import flat_names
 
-        objects = require(self._backend, TrainingObjects, "get_state_dict()")
-        if self.fsdp_plugin is None or self.num_processes == 1:  # type: ignore[attr-defined]
+        backend = self._parts.backend
+        objects = require(backend, TrainingObjects, "get_state_dict()")
+        if self.fsdp_plugin is None or self.num_processes == 1:
             return objects.state_of("model", model) if unwrap else model.state_dict()
-        sharded = require(self._backend, ShardedTraining, "get_state_dict() of a sharded model")
+        sharded = require(backend, ShardedTraining, "get_state_dict() of a sharded model")
         full = {}
         for name, value in flat_names(objects.state_of("model", model)).items():
-            whole = self._collectives.keyed(  # type: ignore[attr-defined]
+            whole = self._parts.collectives.keyed(
                 f"get_state_dict ({name})", lambda key, timeout, v=value: sharded.full_array(v, key, timeout))
             if self.is_main_process:
-                full[name] = self._backend.from_numpy(whole)
+                full[name] = backend.from_numpy(whole)
         return full
 
     @property
@@ -424,10 +266,9 @@ class AccelerateSurface:
         return only_if(lambda: self.process_index == self.num_processes - 1, function)
 
     def _prepare_kind(self, obj: Any, kind: str, call: str, device_placement: Optional[bool] = None) -> Any:
-        prepared = self.prepare(obj, device_placement=device_placement)  # type: ignore[attr-defined]
-        found = [k for k, mine in self._prepared if mine is prepared]  # type: ignore[attr-defined]
-        is_loader = any(prepared is mine for mine in self._loaders)  # type: ignore[attr-defined]
-        if (kind == "dataloader") != is_loader or (found and found[0] != kind):
+        prepared = self.prepare(obj, device_placement=device_placement)
+        found = self._parts.prepared.kind_of(prepared)  # None: prepare(None) returned None
+        if (kind == "dataloader") != (found == "dataloader") or (found is not None and found != kind):
             raise TypeError(f"{call} was given a {type(obj).__name__}, which is not a {kind}; use prepare() for it."
                             + see("cannot-prepare"))
         return prepared
@@ -492,9 +333,9 @@ class AccelerateSurface:
                     raise TypeError(f"save(safe_serialization=True) writes a dict of arrays; got a "
                                     f"{type(obj).__name__}. Pass safe_serialization=False for other objects."
                                     + see("save-object"))
-                save_arrays(tmp, self._backend, obj, metadata=self._backend.weights_metadata)
+                save_arrays(tmp, self._parts.backend, obj, metadata=self._parts.backend.weights_metadata)
             else:
-                self._backend.save_object(obj, tmp)
+                self._parts.backend.save_object(obj, tmp)
             os.replace(tmp, path)
         finally:
             if os.path.lexists(tmp):
@@ -517,7 +358,7 @@ class AccelerateSurface:
             ...             json.dump({"name": type(models[0]).__name__}, f)
             >>> handle = accelerator.register_save_state_pre_hook(save_config)
         """
-        return RemovableHandle(self._save_state_pre_hooks, hook)  # type: ignore[attr-defined]
+        return self._parts.hooks.register_save(hook)
 
     def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(models, input_dir)`` on every process in each `load_state`, after every
@@ -532,35 +373,7 @@ class AccelerateSurface:
             ...         models[0].name = json.load(f)["name"]
             >>> handle = accelerator.register_load_state_pre_hook(load_config)
         """
-        return RemovableHandle(self._load_state_pre_hooks, hook)  # type: ignore[attr-defined]
-
-    def _model_names(self) -> List[str]:
-        return [f"model_{i}" for i in range(len(self._models))]
-
-    def _run_save_state_pre_hooks(self, output_dir: str) -> List[str]:
-        """The save hooks, on every process; returns the models they saved themselves, as the
-        main process's hooks decided (the main process writes the manifest)."""
-        os.makedirs(output_dir, exist_ok=True)
-        models = self._models
-        weights = [self._backend.state_of("model", model) for model in models]  # type: ignore[attr-defined]
-        given = list(weights)
-        for hook in list(self._save_state_pre_hooks.values()):  # type: ignore[attr-defined]
-            hook(models, weights, output_dir)
-        kept = {id(w) for w in weights}
-        skip = [name for name, w in zip(self._model_names(), given) if id(w) not in kept]
-        return self._collectives.broadcast_json(skip if self.is_main_process else None,  # type: ignore[attr-defined]
-                                                operation="save_state (hooks)")
-
-    def _run_load_state_pre_hooks(self, input_dir: str) -> Collection[str]:
-        """The load hooks, on every process; returns the models they restored themselves."""
-        if not self._load_state_pre_hooks:  # type: ignore[attr-defined]
-            return ()
-        given = self._models
-        models = list(given)
-        for hook in list(self._load_state_pre_hooks.values()):  # type: ignore[attr-defined]
-            hook(models, input_dir)
-        left = {id(m) for m in models}
-        return [name for name, model in zip(self._model_names(), given) if id(model) not in left]
+        return self._parts.hooks.register_load(hook)
 
     def free_memory(self, *objects: Any) -> List[None]:
         """Forget the prepared models, optimizers, schedulers and loaders (they are no longer
@@ -570,11 +383,11 @@ class AccelerateSurface:
         Example:
             >>> model, optimizer = accelerator.free_memory(model, optimizer)
         """
-        self.wait_for_checkpoint()  # type: ignore[attr-defined]
-        self._forget_prepared()  # type: ignore[attr-defined]
+        self.wait_for_checkpoint()
+        self._parts.prepared.forget()
         released: List[None] = [None] * len(objects)
         gc.collect()
-        self._backend.release_device_memory()
+        self._parts.backend.release_device_memory()
         return released
 
     def clear(self, *objects: Any) -> List[None]:

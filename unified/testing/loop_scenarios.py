@@ -137,6 +137,26 @@ def loop_mixed_precision(state: dict) -> dict:
     return out
 
 
+@scenario(requires=("TrainingLoop",))
+def loop_trigger_sync(state: dict) -> dict:
+    """One step on each process's own batch inside ``no_sync``: without
+    ``trigger_sync_in_backward`` the gradients stay local (torch DDP: the processes' parameters
+    part), with it they are synchronised (the parameters agree on every process)."""
+    out = {}
+    for case in ("local", "triggered"):
+        acc = Accelerator(timeout=60)
+        setup = _setup(acc)
+        batch = next(iter(_loader(acc, 2, shuffle=False)))  # each process its own rows
+        with acc.no_sync(setup.model):
+            if case == "triggered":
+                with acc.trigger_sync_in_backward(setup.model):
+                    setup.micro_step(batch)
+            else:
+                setup.micro_step(batch)
+        out[case] = _digest(setup.params())
+    return out
+
+
 CLIP_GRADS = [[[3.0, 4.0], [0.0, -12.0]], [1.0, 2.0, -2.0]]
 
 

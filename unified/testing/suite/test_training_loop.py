@@ -13,10 +13,12 @@ from ..loop_scenarios import (
     loop_mixed_precision,
     loop_resume_mid_window,
     loop_start,
+    loop_trigger_sync,
 )
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = [loop_start, loop_accumulation, loop_mixed_precision, loop_clipping, loop_resume_mid_window]
+SCENARIOS = [loop_start, loop_accumulation, loop_mixed_precision, loop_clipping, loop_resume_mid_window,
+             loop_trigger_sync]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
@@ -85,3 +87,13 @@ def test_resume_inside_an_accumulation_window_is_exact(group):
         assert r["moved"] > 1e-3, r
         assert r["difference"] < 1e-5, r
     assert len({r["resumed"] for r in results}) == 1  # every process holds the same parameters
+
+
+def test_trigger_sync_in_backward_synchronises_inside_no_sync(group):
+    """Accelerate's ``trigger_sync_in_backward``: inside ``no_sync`` the backward it wraps reduces
+    the gradients. Where ``no_sync`` keeps gradients local (torch DDP), the control step leaves
+    the processes with different parameters; JAX's gradients are global, so both agree."""
+    results = group.scenario(loop_trigger_sync)
+    assert len({r["triggered"] for r in results}) == 1, results
+    if group.backend == "torch":
+        assert len({r["local"] for r in results}) == len(results), results
