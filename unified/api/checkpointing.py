@@ -107,6 +107,8 @@ class Checkpointing:
         # A collective after the join: the main process has committed when anyone returns, and
         # a failure on any process fails the call everywhere, with every process's reason.
         failed = self._collectives.share_failure(error, "wait_for_checkpoint")
+        # folders of their own: each process's retention, once every process committed its folder
+        self._checkpoints.finish_background_save(committed=not failed)
         if failed:  # the main process's reason already lists every process's report
             rank, reason = failed[0]
             raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"

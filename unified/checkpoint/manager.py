@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
 
 import numpy as np
+import xxhash
 
 from ..backend import Backend, DeferredArray, Replaceable, ShardedArrays, ShardedWrite, WriteGuards
 from ..config import checkpoint_location, is_url
@@ -166,9 +167,16 @@ def _reasons(failed: List[Tuple[int, str]]) -> str:
     return "; ".join(f"process {rank}: {_LINK.sub('', reason)}" for rank, reason in failed)
 
 
-def _commit_error(final: str, err: OSError) -> CheckpointError:
+def _commit_error(final: str, err: OSError, rank: int = 0) -> CheckpointError:
     return CheckpointError(f"save_state({final!r}) failed while committing and was not committed; the previous "
-                           f"checkpoint is intact. process 0: {err}" + see("save-failed"))
+                           f"checkpoint is intact. process {rank}: {err}" + see("save-failed"))
+
+
+def _retention_error(final: str, err: OSError) -> CheckpointError:
+    return CheckpointError(f"save_state({final!r}) committed the checkpoint, but removing older ones "
+                           f"(total_limit) or what crashed saves left failed: {_LINK.sub('', str(err))}. "
+                           "A checkpoint leaves the listing before its files are deleted: none is left "
+                           "half-deleted and still loadable." + see("retention-delete-failed"))
 
 
 # The health-channel kind under which a process posts why it could not write its part of an
@@ -226,6 +234,9 @@ class Snapshot:
     # or why they could not be (see `CheckpointManager.run_save_hooks`)
     hook_files: Dict[str, Any] = field(default_factory=dict)
     hook_error: Optional[str] = None
+    # True when the processes save to folders of their own (`CheckpointManager.resolve_save_dir`):
+    # every process writes the replicated objects too, and commits its own folder
+    own_folder: bool = False
 
 
 # Arrays a load reads straight into the live ones (see `CheckpointManager._places`) from this
@@ -421,6 +432,12 @@ class CheckpointManager:
         self._falling_back = False
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
+        # this save's and this load's processes name folders of their own (`_own_folders`)
+        self._own_save = False
+        self._own_load = False
+        # an async save to folders of their own: the checkpoint whose retention waits for every
+        # process's commit (`finish_background_save`)
+        self._own_pending: Optional[str] = None
 
     def _is_sharded(self, value: Any) -> bool:
         return self.sharding is not None and self.sharding.is_sharded(value)
@@ -456,8 +473,10 @@ class CheckpointManager:
         """Everything this process must write, as host arrays. ``detach`` makes the snapshot
         hold the state of this moment while training goes on (see `_export`); the objects named
         in ``skip`` are not saved (save-state hooks saved them their own way)."""
-        snap = Snapshot(iteration=iteration, skipped=list(skip))
-        main = self.backend.process_index == 0
+        snap = Snapshot(iteration=iteration, skipped=list(skip), own_folder=self._own_save)
+        # in folders of their own, every process's folder holds the replicated objects too: the
+        # only folder a process can read when it resumes
+        main = self.backend.process_index == 0 or snap.own_folder
         live: Dict[str, Any] = {}
         staged: List[str] = []
         for entry in self.entries:
@@ -470,6 +489,11 @@ class CheckpointManager:
             whole = {}
             for name, value in arrays.items():
                 if self._is_sharded(value):  # every process holds a part: all write
+                    if snap.own_folder:
+                        raise CheckpointError(
+                            f"cannot save {entry.name}: arrays sharded across processes need one checkpoint "
+                            "folder that every process sees; the processes named folders of their own. Name one "
+                            "shared folder, or an object store (docs/object-storage.md)." + see("own-folders"))
                     key = f"a{len(snap.sharded)}"
                     snap.sharded[key], snap.sharded_names[key] = value, name
                 elif main:
@@ -499,8 +523,11 @@ class CheckpointManager:
                 raise ValueError("With automatic_checkpoint_naming, call save_state() without output_dir."
                                  + see("auto-naming-output-dir"))
             folder = os.path.join(config.project_dir, layout.CHECKPOINTS)
+            self._own_save = self._own_folders(config.project_dir, "save_state (where?)")
             if is_url(folder):
                 self._hold_store(config.project_dir)
+            elif self._own_save:
+                self._hold_own_folder(config.project_dir)
             else:
                 self._hold_folder(config.project_dir)
             # One process decides the number, from its listing; everyone uses it.
@@ -514,7 +541,10 @@ class CheckpointManager:
                     chosen += 1
                 return chosen
 
-            config.iteration = self._decided_by_main("save_state (name)", folder, number)
+            if self._own_save:  # each folder's first free number; the highest is free in every folder
+                config.iteration = max(self._decided_by_each("save_state (name)", folder, number))
+            else:
+                config.iteration = self._decided_by_main("save_state (name)", folder, number)
             return layout.automatic_dir(config.project_dir, config.iteration)
         target = output_dir if output_dir is not None else config.project_dir
         if target is None:
@@ -523,6 +553,16 @@ class CheckpointManager:
                 "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("save-needs-directory")
             )
         target = checkpoint_location(target)
+        self._own_save = self._own_folders(target, "save_state (where?)")
+        if self._own_save:
+            refusals = self._decided_by_each("save_state (may it write here?)", target,
+                                             lambda: location_of(target).refusal(target))
+            refused = [(rank, why) for rank, why in enumerate(refusals) if why]
+            if refused:
+                raise CheckpointError(f"{target}: refusing to save here: "
+                                      + "; ".join(f"process {rank}: {why}" for rank, why in refused)
+                                      + see("refusing-to-save-here"))
+            return target
         refusal = self._decided_by_main("save_state (may it write here?)", target,
                                         lambda: location_of(target).refusal(target))
         if refusal:
@@ -545,6 +585,56 @@ class CheckpointManager:
             raise CheckpointError(f"{where}: {operation} failed on process 0: {answer['error']}"
                                   + see("store-listing-failed"))
         return answer["value"]
+
+    def _own_folders(self, where: str, operation: str) -> bool:
+        """Whether the processes name folders of their own for this save or load (collective):
+        each process gathers the folder every process named (strings, as JSON). The same folder
+        (as an absolute path) everywhere is one checkpoint folder that every process sees, and
+        the main process commits it; different folders are what a job on machines without a
+        shared file system names (``tempfile.mkdtemp()``, a local disk's path per machine): each
+        process then commits its own folder (docs/checkpoints.md). An object store is one place
+        every process reaches: different URLs, or a URL beside a folder, are refused."""
+        named = self.collectives.all_gather_json(where if is_url(where) else os.path.abspath(where),
+                                                 operation=operation)
+        if len(set(named)) == 1:
+            return False
+        if any(is_url(name) for name in named):
+            raise CheckpointError(f"{where}: the processes named different checkpoint locations ("
+                                  + ", ".join(f"process {rank}: {name}" for rank, name in enumerate(named))
+                                  + "), one of them an object store, which every process reaches: name the same "
+                                  "URL on every process." + see("own-folders"))
+        return True
+
+    def _decided_by_each(self, operation: str, where: str, decide: Callable[[], Any]) -> List[Any]:
+        """``decide()`` (a look at this process's own folder: a JSON value) on every process, and
+        every process's answer on every process, in process order (folders of their own, see
+        `_own_folders`); when the look fails on any process, every process raises
+        `CheckpointError` naming each one that failed."""
+        try:
+            answer: Dict[str, Any] = {"value": decide()}
+        except (OSError, CheckpointError) as err:
+            answer = {"error": _LINK.sub("", str(err))}
+        answers = self.collectives.all_gather_json(answer, operation=operation)
+        failed = [(rank, a["error"]) for rank, a in enumerate(answers) if "error" in a]
+        if failed:
+            raise CheckpointError(f"{where}: {operation} failed; " + _reasons(failed) + see("store-listing-failed"))
+        return [a["value"] for a in answers]
+
+    def _hold_own_folder(self, folder: str) -> None:
+        """`_hold_folder` for folders of their own: every process locks its own ``project_dir``."""
+        if self._held_folder == folder:
+            return
+        failure: Optional[BaseException] = None
+        try:
+            self.release_folder()
+            layout.make_dirs(folder)
+            self._lock_key = lock.acquire(folder)
+        except (OSError, CheckpointError) as err:
+            failure = err
+        failed = self.collectives.share_failure(failure, "save_state (lock)")
+        if failed:
+            raise CheckpointError(f"process {failed[0][0]}: {failed[0][1]}" + see("folder-in-use"))
+        self._held_folder = folder
 
     def _hold_folder(self, folder: str) -> None:
         """The main process locks the checkpoint folder for this run (once); every process learns
@@ -734,6 +824,9 @@ class CheckpointManager:
         self.refuse_sharded_on_store(final, snap)
         token, tmp = begun if begun is not None else self.begin(final)
         reports = self.collectives.all_gather_json(self.write_part(tmp, snap), operation="save_state (written)")
+        if snap.own_folder:
+            self._commit_own(final, tmp, token, reports, snap)
+            return final
         if snap.sharded and not any("error" in r or r.get("shards_hashed") for r in reports):
             # every process's shards are on disk and no writer hashed them: each process checksums
             # an equal share of them (the decision is the same everywhere: it reads only the reports)
@@ -761,6 +854,8 @@ class CheckpointManager:
         main process waits for all markers, lists every process's shard files, then commits. A
         process that cannot write even its marker (a full disk) posts why on the group's health
         channel, so that the main process learns it at once rather than at the timeout."""
+        if snap.own_folder:
+            return self._own_in_background(final, token, tmp, snap, released)
         report = self.write_part(tmp, snap, sharded, released)
         rank, count = self.backend.process_index, self.backend.num_processes
         if rank != 0:
@@ -782,6 +877,74 @@ class CheckpointManager:
             raise _commit_error(final, err) from err
         _raise_reported(final, reports)
         return final
+
+    # -- folders of their own (docs/checkpoints.md#machines-without-a-shared-file-system) ----------
+    def _commit_own(self, final: str, tmp: str, token: str, reports: List[Dict[str, Any]], snap: Snapshot) -> None:
+        """Every process commits its own folder (its manifest written last, the folder made
+        durable and renamed into place) once every process's part is written; then, once every
+        process committed, each applies retention to its own folder. A failure anywhere
+        reaches every process; nothing of a save that failed before the commits stays behind."""
+        rank, location = self.backend.process_index, location_of(final)
+        failure: Optional[BaseException] = None
+        if any("error" in r for r in reports):
+            location.discard(tmp)
+        else:
+            try:
+                self._write_manifest_and_rename(final, tmp, token, [reports[rank]], snap)
+            except CheckpointError as err:
+                location.discard(tmp)
+                failure = err
+            except OSError as err:
+                location.discard(tmp)
+                failure = _commit_error(final, err, rank)
+        failed = self.collectives.share_failure(failure, "save_state (committed)")
+        if failed:
+            raise CheckpointError(f"a save_state failed on process {failed[0][0]}: {failed[0][1]}"
+                                  + see("background-save-failed"))
+        _raise_reported(final, reports)
+        self._retain_own(final)
+
+    def _retain_own(self, final: str) -> None:
+        """Each process deletes what crashed saves left beside its ``final`` and, with automatic
+        naming, its own folder's oldest checkpoints beyond ``total_limit`` (collective)."""
+        failure: Optional[BaseException] = None
+        try:
+            location_of(final).after_commit(final, self.config.automatic_checkpoint_naming, self.config.total_limit)
+        except OSError as err:
+            failure = _retention_error(final, err)
+        failed = self.collectives.share_failure(failure, "save_state (retention)")
+        if failed:
+            raise CheckpointError(f"process {failed[0][0]}: {_LINK.sub('', failed[0][1])}"
+                                  + see("retention-delete-failed"))
+
+    def _own_in_background(self, final: str, token: str, tmp: str, snap: Snapshot,
+                           released: Callable[[], None]) -> str:
+        """`save_in_background` for folders of their own: this process writes and commits its
+        own folder, without collectives; retention waits until every process committed
+        (`finish_background_save`, at `wait_for_checkpoint`)."""
+        report = self.write_part(tmp, snap, None, released)
+        location = location_of(final)
+        if "error" in report:
+            location.discard(tmp)
+            _raise_reported(final, [report])
+        try:
+            self._write_manifest_and_rename(final, tmp, token, [report], snap)
+        except CheckpointError:
+            location.discard(tmp)
+            raise
+        except OSError as err:
+            location.discard(tmp)
+            raise _commit_error(final, err, self.backend.process_index) from err
+        self._own_pending = final  # only once committed: a process that failed has nothing to retain
+        return final
+
+    def finish_background_save(self, committed: bool) -> None:
+        """After an async save's `wait_for_checkpoint` (collective, every process alike): in
+        folders of their own, once every process ``committed`` its folder, each applies
+        retention to its own; a save that failed anywhere deletes no older checkpoint."""
+        final, self._own_pending = self._own_pending, None
+        if final is not None and committed:
+            self._retain_own(final)
 
     def _hash_share(self, tmp: str) -> Dict[str, Any]:
         """This process's share (`share_of`) of the shard files' checksums, or an ``error``."""
@@ -917,6 +1080,8 @@ class CheckpointManager:
         }
         if hook_files or snap.skipped:
             body.update(hook_files=hook_files, hook_objects=list(snap.skipped))
+        if snap.own_folder:  # this process's folder; the token tells a load that every folder is of one save
+            body.update(process_folder=self.backend.process_index, save=token)
         trackers = self.tracker_identities()
         if trackers:  # the experiment trackers' runs, which a resumed job continues (init_trackers)
             body["trackers"] = trackers
@@ -969,7 +1134,16 @@ class CheckpointManager:
                 return bool(location.numbered(folder)) or bool(location.damaged(folder))
             return location.has_manifest(folder) or (location.atomic_replace and layout.set_aside_exists(folder))
 
-        return self._decided_by_main("load_state (is there a checkpoint?)", folder, look)
+        if not self._own_folders(folder, "load_state (where?)"):
+            return self._decided_by_main("load_state (is there a checkpoint?)", folder, look)
+        found = self._decided_by_each("load_state (is there a checkpoint?)", folder, look)
+        if all(found) or not any(found):
+            return all(found)
+        raise CheckpointError(
+            f"{folder}: the processes named folders of their own, and only some hold a checkpoint (processes "
+            f"{', '.join(str(r) for r, f in enumerate(found) if f)}; none in the folders of processes "
+            f"{', '.join(str(r) for r, f in enumerate(found) if not f)}): neither resuming nor starting fresh "
+            "would continue one training. Give every process its folder of the same run." + see("own-folders"))
 
     def load_newest(self, input_dir: Optional[str],
                     before_restore: Callable[[str], Collection[str]] = lambda folder: (),
@@ -991,19 +1165,22 @@ class CheckpointManager:
             'runs/exp1/checkpoints/checkpoint_4'
         """
         target, automatic = self.load_target(input_dir)
+        self._own_load = self._own_folders(target, "load_state (where?)")
+        try:
+            return self._load_newest(target, automatic, input_dir, before_restore, if_exists)
+        finally:
+            self._own_load = False
+
+    def _load_newest(self, target: str, automatic: bool, input_dir: Optional[str],
+                     before_restore: Callable[[str], Collection[str]], if_exists: bool) -> str:
         if not automatic:
             directory = self.resolve_load_dir(input_dir)
             self.load(directory, before_restore)
             return directory
-        location = location_of(target)
         skipped: List[Tuple[str, str, str]] = []  # (checkpoint, why, where it was set aside)
 
-        def newest_untried() -> Optional[str]:
-            tried = {path for path, _, _ in skipped}
-            return ([None] + [path for _, path in location.numbered(target) if path not in tried])[-1]
-
         while True:
-            newest = self._decided_by_main("load_state (newest)", target, newest_untried)
+            newest = self._newest(target, {path for path, _, _ in skipped})
             if newest is None:
                 error = self._nothing_verifies(target, skipped, if_exists)  # links to troubleshooting itself
                 raise error
@@ -1014,18 +1191,42 @@ class CheckpointManager:
                 why = _reasons(damaged.failed)
             skipped.append((newest, why, self._set_aside_damaged(newest, why)))
 
+    def _newest(self, target: str, tried: Collection[str]) -> Optional[str]:
+        """The newest committed ``checkpoint_N`` of the automatic naming's folder ``target`` that is
+        not in ``tried``, or None (collective): the main process's answer; in folders of their
+        own, the newest N committed in every process's folder (a save that one process could not
+        commit is in some folders only), each process's own ``checkpoint_N``."""
+        location = location_of(target)
+        if not self._own_load:
+            return self._decided_by_main(
+                "load_state (newest)", target,
+                lambda: ([None] + [path for _, path in location.numbered(target) if path not in tried])[-1])
+        numbers = self._decided_by_each("load_state (newest)", target,
+                                        lambda: [n for n, path in location.numbered(target) if path not in tried])
+        common = set(numbers[0]).intersection(*numbers[1:])
+        return os.path.join(target, f"checkpoint_{max(common)}") if common else None
+
     def _set_aside_damaged(self, checkpoint: str, why: str) -> str:
         """The main process sets the damaged ``checkpoint`` aside (the others wait) and warns; returns
         where it went, on every process. Raises on every process when it could not: a damaged
         checkpoint left in the listing would stay the newest, and retention would delete intact
-        older ones first."""
+        older ones first. In folders of their own, every process sets its own folder's aside."""
         answer: Optional[Dict[str, Any]] = None
-        if self.backend.process_index == 0:
+        if self._own_load:
             try:
                 answer = {"aside": location_of(checkpoint).set_aside_damaged(checkpoint)}
             except (OSError, CheckpointError) as err:
                 answer = {"error": _LINK.sub("", str(err))}
-        answer = self.collectives.broadcast_json(answer, operation="load_state (set aside a damaged checkpoint)")
+            answers = self.collectives.all_gather_json(answer, operation="load_state (set aside a damaged checkpoint)")
+            errors = [(rank, a["error"]) for rank, a in enumerate(answers) if "error" in a]
+            answer = {"error": _reasons(errors)} if errors else answer
+        elif self.backend.process_index == 0:
+            try:
+                answer = {"aside": location_of(checkpoint).set_aside_damaged(checkpoint)}
+            except (OSError, CheckpointError) as err:
+                answer = {"error": _LINK.sub("", str(err))}
+        if not self._own_load:
+            answer = self.collectives.broadcast_json(answer, operation="load_state (set aside a damaged checkpoint)")
         if "error" in answer:
             raise CheckpointError(f"{checkpoint}: damaged ({why}), and process 0 could not set it aside: "
                                   f"{answer['error']}. Nothing was restored. Move or delete it by hand, then load "
@@ -1040,9 +1241,12 @@ class CheckpointManager:
     def _nothing_verifies(self, target: str, skipped: List[Tuple[str, str, str]], if_exists: bool) -> CheckpointError:
         """The error of an automatic load that found no checkpoint to load (`load_newest`)."""
         location = location_of(target)
-        earlier = self._decided_by_main(
-            "load_state (damaged ones)", target,
-            lambda: [path for _, path in location.damaged(target) if path not in {a for _, _, a in skipped}])
+
+        def damaged() -> List[str]:
+            return [path for _, path in location.damaged(target) if path not in {a for _, _, a in skipped}]
+
+        # in folders of their own, each process names its own folder's
+        earlier = damaged() if self._own_load else self._decided_by_main("load_state (damaged ones)", target, damaged)
         if not skipped and not earlier:
             return CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
         said = [f"{checkpoint} ({why}; set aside as {aside})" for checkpoint, why, aside in skipped]
@@ -1059,15 +1263,19 @@ class CheckpointManager:
         target, automatic = self.load_target(input_dir)
         location = location_of(target)
         if automatic:
-            newest = self._decided_by_main("load_state (newest)", target,
-                                           lambda: ([None] + [path for _, path in location.numbered(target)])[-1])
+            newest = self._newest(target, ())
             if newest is None:
                 raise CheckpointError(f"{target}: no complete checkpoint to load." + see("no-complete-checkpoint"))
             return newest
         if location.atomic_replace:  # a folder: a save may have set the old checkpoint aside
             self._recover(target)
-        if input_dir is None and not self._decided_by_main("load_state (is there a manifest?)", target,
-                                                           lambda: location.has_manifest(target)):
+        if self._own_load:
+            has_manifest = all(self._decided_by_each("load_state (is there a manifest?)", target,
+                                                     lambda: location.has_manifest(target)))
+        else:
+            has_manifest = self._decided_by_main("load_state (is there a manifest?)", target,
+                                                 lambda: location.has_manifest(target))
+        if input_dir is None and not has_manifest:
             raise ValueError(f"load_state(): {target} holds no checkpoint; pass input_dir, or use "
                              "ProjectConfiguration(automatic_checkpoint_naming=True)." + see("load-needs-directory"))
         return target
@@ -1075,10 +1283,20 @@ class CheckpointManager:
     def _recover(self, target: str) -> None:
         """The main process puts back a checkpoint that a save interrupted between its two renames
         left set aside; the others wait for it (every process renaming at once would race)."""
-        failed = self._on_main_process(
-            "load_state (recover)", lambda: layout.recover(target),
-            lambda err: CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
-                                        f"({err})." + see("recover-failed")))
+        def failure_of(err: OSError) -> CheckpointError:
+            return CheckpointError(f"{target}: could not put back the checkpoint an interrupted save set aside "
+                                   f"({err})." + see("recover-failed"))
+
+        if self._own_load:  # every process repairs its own folder
+            failure: Optional[BaseException] = None
+            try:
+                layout.recover(target)
+            except OSError as err:
+                failure = failure_of(err)
+            shared = self.collectives.share_failure(failure, "load_state (recover)")
+            failed = shared[0] if shared else None
+        else:
+            failed = self._on_main_process("load_state (recover)", lambda: layout.recover(target), failure_of)
         if failed:
             raise CheckpointError(f"{target}: process {failed[0]} could not repair it: {failed[1]}"
                                   + see("recover-failed"))
@@ -1114,6 +1332,8 @@ class CheckpointManager:
             failure = err
         # Every process learns every failure, so each raises an error naming the bad file.
         self._share_verified(directory, failure, "load_state (verified)")
+        if self._own_load:
+            self._refuse_other_saves(directory, manifest)
         if manifest.get("sharded"):
             states = self._with_sharded(directory, manifest, states, sharded_files)
             failure = None
@@ -1143,10 +1363,33 @@ class CheckpointManager:
         self._restore_rng(rng, manifest)
         if self.config.automatic_checkpoint_naming and self.config.project_dir is not None:
             folder = os.path.join(self.config.project_dir, layout.CHECKPOINTS)
-            highest = self._decided_by_main("load_state (next number)", folder,
-                                            lambda: location_of(folder).highest_number(folder))
+            if self._own_load or self._own_folders(self.config.project_dir, "load_state (next number: where?)"):
+                numbers = [n for n in self._decided_by_each("load_state (next number)", folder,
+                                                            lambda: location_of(folder).highest_number(folder))
+                           if n is not None]
+                highest = max(numbers) if numbers else None
+            else:
+                highest = self._decided_by_main("load_state (next number)", folder,
+                                                lambda: location_of(folder).highest_number(folder))
             self.config.iteration = 0 if highest is None else highest + 1
         return manifest
+
+    def _refuse_other_saves(self, directory: str, manifest: Dict[str, Any]) -> None:
+        """Folders of their own (collective, once every folder verified): every process's folder
+        must hold the same save (the token its manifest carries; for copies of a checkpoint of
+        one folder, the same files), or the processes would resume different states."""
+        files = json.dumps(manifest.get("files"), sort_keys=True).encode()
+        mine = manifest.get("save") or xxhash.xxh3_64_hexdigest(files)
+        saves = self.collectives.all_gather_json(mine, operation="load_state (one save?)")
+        if len(set(saves)) > 1:
+            groups: Dict[str, List[int]] = {}
+            for rank, save in enumerate(saves):
+                groups.setdefault(save, []).append(rank)
+            raise CheckpointError(
+                f"{directory}: the processes' folders hold different saves (processes "
+                + " / ".join(", ".join(map(str, ranks)) for ranks in groups.values())
+                + "); nothing was restored. Give every process its folder of the same save_state call."
+                + see("own-folders"))
 
     def _raise_shared(self, directory: str, failure: Optional[BaseException], operation: str) -> None:
         """Share ``failure`` (or none) with every process; raise on every process when any failed."""
@@ -1533,12 +1776,23 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{where}: has no structure for {', '.join(missing)}" + see("no-structure"))
         sharded = manifest.get("sharded") or {}
+        if sharded and self._own_load:
+            raise CheckpointError(f"{where}: holds arrays sharded across processes, which load from one folder that "
+                                  "every process sees; the processes named folders of their own." + see("own-folders"))
         self._verify_hook_files(directory, manifest)
         states = self._read_objects(directory, manifest, hook_saved, sharded)
         sharded_files = self._verify_sharded_tree(directory, manifest) if sharded else {}
         rank, saved = self.backend.process_index, manifest.get("num_processes")
         if not isinstance(saved, int) or isinstance(saved, bool) or saved < 1:
             raise CheckpointError(f"{where}: num_processes is {saved!r}, not a process count." + see("no-rng-state"))
+        folder_of = manifest.get("process_folder")
+        if folder_of is not None and saved != self.backend.num_processes:
+            raise CheckpointError(f"{where}: saved by {saved} processes into folders of their own; load it with "
+                                  f"{saved} processes, each naming its own folder (this run has "
+                                  f"{self.backend.num_processes})." + see("own-folders"))
+        if folder_of is not None and folder_of != rank:
+            raise CheckpointError(f"{where}: the folder of process {folder_of} of a checkpoint saved to folders of "
+                                  f"their own; process {rank} must name its own folder." + see("own-folders"))
         # The same count: this process's own streams. Another: every saving process's (see resolve_rng).
         ranks = [rank] if saved == self.backend.num_processes else range(saved)
         streams = []
@@ -1620,8 +1874,10 @@ class CheckpointManager:
                     location.download(f"{directory.rstrip('/')}/{name}", local, listed[name]["size"],
                                       listed[name]["xxh3"])
             return
-        share = share_of({name: int(info["size"]) for name, info in listed.items()},
-                         self.backend.process_index, self.backend.num_processes)
+        # one folder: each process checks a share; folders of their own: each process all of its own
+        share = sorted(listed) if self._own_load else share_of(
+            {name: int(info["size"]) for name, info in listed.items()}, self.backend.process_index,
+            self.backend.num_processes)
         for name in share:
             safetensors_io.verify_file(check_file_name(directory, name), listed[name]["size"], listed[name]["xxh3"])
 

@@ -60,7 +60,10 @@ _FIELD_TYPES = {"backend": (str, "a string"), "num_processes": (int, "an integer
                 # files, listed in 'files' too, and the models they saved instead of unified
                 "hook_files": (list, "a list of strings"), "hook_objects": (list, "a list of strings"),
                 # the experiment trackers' runs (name -> identity), continued by a resumed job
-                "trackers": (dict, "a mapping")}
+                "trackers": (dict, "a mapping"),
+                # a checkpoint whose processes saved to folders of their own (docs/checkpoints.md):
+                # the process whose folder this is, and the save's token, the same in every folder
+                "process_folder": (int, "an integer"), "save": (str, "a string")}
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
                (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))

@@ -26,6 +26,7 @@ from ..checkpoint_scenarios import (
 )
 from ..harness import Runs, run_group
 from ..kit import backend_class
+from ..own_folder_scenarios import ckpt_own_folders
 from ..scenarios import start
 
 pytestmark = pytest.mark.multiprocess
@@ -38,7 +39,8 @@ def resumed(backend, tmp_path_factory):
     first = run_group(backend, 2, [ckpt_first_run], shared).ok()
     second = run_group(backend, 2, [ckpt_resume_run], shared).ok()
     explicit = run_group(backend, 2, [ckpt_explicit_dir, ckpt_snapshot_failure, ckpt_async_edits,
-                                          ckpt_mismatch, ckpt_commit_failures, ckpt_async_part_failures],
+                                          ckpt_mismatch, ckpt_commit_failures, ckpt_async_part_failures,
+                                          ckpt_own_folders],
                              shared).ok()
     return Runs(first, second, explicit)
 
@@ -150,6 +152,37 @@ def test_an_async_save_that_a_process_cannot_write_fails_everywhere_at_once(resu
             assert r["left"] == [], (rank, case, r)  # no temporary directory, no checkpoint
         assert "part marker" in outcome["marker"]["message"], outcome["marker"]["message"]
         assert outcome["saved_after"], rank
+
+
+def test_processes_that_save_to_folders_of_their_own_resume_exactly(resumed):
+    """Issue 50: each process names a folder of its own (machines without a shared file system).
+    Each folder is committed with a manifest of its own and holds what its process resumes from;
+    the resume is exact; damage in another process's folder and folders of two saves are refused
+    everywhere; automatic naming numbers, retains and loads every folder alike (async saves too)."""
+    outcomes = resumed.scenario(ckpt_own_folders)
+    assert outcomes[0]["final_hash"] == outcomes[1]["final_hash"]  # replicated state agrees across processes
+    assert outcomes[0]["rows_after"] != outcomes[1]["rows_after"]  # each process resumes its own share of the data
+    for rank, r in enumerate(outcomes):
+        assert os.path.basename(r["saved"]).startswith(f"own-{rank}-") and r["loaded"] == r["saved"], r
+        assert r["hash_at_load"] == r["hash_at_save"] and r["resumed_final_hash"] == r["final_hash"], rank
+        assert r["resumed_draws"] == r["after_save_draws"], rank  # every generator of this process
+        assert r["resumed_rows"] == r["rows_after"], rank  # the data position
+        listing = r["listing"]
+        assert [n for n in listing if n.startswith("rng_")] == [f"rng_{rank}.safetensors"], listing
+        assert {"manifest.json", "model_0.safetensors", "optimizer_0.safetensors", "dataloader_0.safetensors"} \
+            <= set(listing), listing
+        assert r["manifest"] == {"files": [n for n in listing if n != "manifest.json"], "num_processes": 2}, r
+        assert r["siblings"] == [], r  # no temporary directory left beside the folder
+        damaged = r["damaged"]
+        assert damaged["raised"] == "CheckpointError" and damaged["untouched"], (rank, damaged)
+        assert "rng_1.safetensors: checksum mismatch" in damaged["message"], damaged["message"]
+        mixed = r["mixed"]
+        assert mixed["raised"] == "CheckpointError" and mixed["untouched"], (rank, mixed)
+        assert "hold different saves" in mixed["message"], mixed["message"]
+        assert r["automatic"] == {
+            "saves": ["checkpoint_0", "checkpoint_1", "checkpoint_2"], "listing": ["checkpoint_1", "checkpoint_2"],
+            "newest": "checkpoint_2", "restored": True, "iteration": 3, "asynchronous": "checkpoint_3",
+            "listing_after_async": ["checkpoint_2", "checkpoint_3"]}, (rank, r["automatic"])
 
 
 def test_crash_during_save_never_leaves_a_loadable_partial_checkpoint(backend, tmp_path):
