@@ -11,7 +11,7 @@ backends share, so that no backend imports another (tests/unit/test_backend_shap
 from __future__ import annotations
 
 import zlib
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,12 +43,19 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
 
     ``shuffle=True/False`` use our own order of ``(seed, epoch)``; another ``sampler`` gives the
     order of each epoch (`unified.data.SampledLoader`) and a ``batch_sampler`` the batches
-    (`unified.data.BatchSampledLoader`), both drawn as `_SamplerSource` says.
+    (`unified.data.BatchSampledLoader`), both drawn as `_SamplerSource` says. ``batch_size=None``
+    (no automatic batching) makes every item of the sampler a batch (`unified.data.ItemSampledLoader`).
     """
     import torch
     from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-    from unified.data import BatchSampledLoader, PreparedDataLoader, PreparedIterableLoader, SampledLoader
+    from unified.data import (
+        BatchSampledLoader,
+        ItemSampledLoader,
+        PreparedDataLoader,
+        PreparedIterableLoader,
+        SampledLoader,
+    )
 
     if not isinstance(loader, DataLoader):
         return None
@@ -70,13 +77,15 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         return PreparedIterableLoader(_LoaderSettings(loader, False), backend, seed)
     loader_seed = int(seed or 0)
 
-    def batches(index_lists, epoch):  # the user's worker processes, collate_fn and pinning, our indices
+    def batches(index_lists, epoch, items=False):  # the user's worker processes, collate_fn and pinning, our indices
         # A DataLoader iterator draws its workers' base seed from the global generator unless it
         # has its own: give it one derived from (seed, epoch), so that iterating (or resuming)
         # never shifts the training's random numbers and worker seeds are reproducible.
         generator = torch.Generator().manual_seed(zlib.crc32(f"{loader_seed}/{epoch}".encode()))
+        # items: no automatic batching, each of our items (an index or a list) is one dataset[item]
+        order = dict(sampler=index_lists, batch_size=None) if items else dict(batch_sampler=index_lists)
         return iter(DataLoader(
-            loader.dataset, batch_sampler=index_lists, num_workers=loader.num_workers,
+            loader.dataset, **order, num_workers=loader.num_workers,
             collate_fn=loader.collate_fn, pin_memory=loader.pin_memory, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, persistent_workers=False,
             prefetch_factor=loader.prefetch_factor if loader.num_workers else None, generator=generator,
@@ -108,10 +117,12 @@ def prepare_torch_loader(backend: Any, loader: Any, seed: Optional[int]) -> Any:
         settings.drop_last = bool(getattr(loader.batch_sampler, "drop_last", False))
         return BatchSampledLoader(settings, backend, seed, _SamplerSource(loader.batch_sampler, loader_seed, True),
                                   **options)
-    raise NotImplementedError(
-        "prepare() supports torch DataLoaders that make batches (batch_size=, or a batch_sampler=); "
-        "batch_size=None (one sample at a time) is not supported." + see("torch-custom-sampler")
-    )
+    # batch_size=None: no automatic batching, each item of the sampler is a batch (as Accelerate's
+    # BatchSamplerShard deals them); a BatchSampler given as the sampler yields lists of indices
+    settings = _LoaderSettings(loader, False)
+    settings.drop_last = bool(getattr(loader.sampler, "drop_last", False))
+    options["batches"] = lambda index_items, epoch: batches(index_items, epoch, items=True)
+    return ItemSampledLoader(settings, backend, seed, _SamplerSource(loader.sampler, loader_seed, "items"), **options)
 
 
 def _plain_samplers(random_sampler: type, batch_sampler: type) -> Tuple[Tuple[type, ...], Tuple[type, ...]]:
@@ -204,10 +215,12 @@ class _SamplerSource:
     own random numbers do not move. A sampler with ``state_dict``/``load_state_dict`` is
     checkpointed through them (its state before the epoch is drawn); a sampler without them that
     owns a ``torch.Generator`` has it re-seeded from that generator's initial seed and the epoch;
-    that seed is process 0's (`agree`) and part of the checkpoint.
+    that seed is process 0's (`agree`) and part of the checkpoint. ``batches``: ``False`` for a
+    sampler of indices, ``True`` for a batch sampler, ``"items"`` for the sampler of a loader
+    without automatic batching (`_drawn_items`).
     """
 
-    def __init__(self, sampler: Any, seed: int, batches: bool) -> None:
+    def __init__(self, sampler: Any, seed: int, batches: Union[bool, str]) -> None:
         import torch
 
         self.sampler, self.seed, self.batches = sampler, int(seed), batches
@@ -237,6 +250,8 @@ class _SamplerSource:
             generator.manual_seed(derived_seed(initial, epoch))
         with torch.random.fork_rng(devices=[]), seeded_host_rngs(self.seed, epoch):
             torch.default_generator.manual_seed(derived_seed(self.seed, epoch))  # CPU only: CUDA's untouched
+            if self.batches == "items":
+                return _drawn_items(self.sampler)
             if self.batches:
                 return [[int(i) for i in batch] for batch in self.sampler]
             return np.fromiter((int(i) for i in self.sampler), dtype=np.int64)
@@ -264,6 +279,20 @@ class _SamplerSource:
                 self._use_seeds(seeds)
             return
         self.sampler.load_state_dict(_like(self.sampler.state_dict(), state))
+
+
+def _drawn_items(sampler: Any) -> Any:
+    """The items a sampler yields to a loader without automatic batching: NumPy indices, or lists
+    of indices (a ``BatchSampler`` given as the sampler), never both."""
+    drawn = [i.tolist() if hasattr(i, "tolist") else i for i in sampler]  # tensors and NumPy values
+    if all(not isinstance(i, (list, tuple)) for i in drawn):
+        return np.array([int(i) for i in drawn], dtype=np.int64)
+    if all(isinstance(i, (list, tuple)) for i in drawn):
+        return [[int(j) for j in i] for i in drawn]
+    raise TypeError(
+        "prepare() of a torch DataLoader with batch_size=None: its sampler yields both single indices and lists of "
+        "indices. Each item is one batch, dataset[item]: make the sampler yield one kind, an index or a list of "
+        "indices, for every item." + see("torch-custom-sampler"))
 
 
 def _to_host(state: Any) -> Any:

@@ -30,12 +30,28 @@ def _results(output: str) -> dict:
     return {int(m.group(1)): json.loads(m.group(2)) for m in re.finditer(r"^\[(\d+)\] RESULT (.*)$", output, re.M)}
 
 
+_UNINTERRUPTED: dict = {}
+
+
+@pytest.fixture
+def uninterrupted(tmp_path_factory):
+    """``backend -> RESULT rows`` of the same 2-process run without a fault: the reference every
+    healed run must match, run once per backend for the tests of this file."""
+    def result(backend: str) -> dict:
+        if backend not in _UNINTERRUPTED:
+            clean = _launch(backend, tmp_path_factory.mktemp(f"clean-{backend}"), "none", 0)
+            assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+            expected = _results(clean.stdout)
+            assert sorted(expected) == [0, 1] and not expected[0]["resumed"], clean.stdout[-2000:]
+            _UNINTERRUPTED[backend] = expected
+        return _UNINTERRUPTED[backend]
+
+    return result
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_killed_process_is_healed_by_the_launcher(backend, tmp_path):
-    clean = _launch(backend, tmp_path / "clean", "none", 0)
-    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
-    expected = _results(clean.stdout)
-    assert sorted(expected) == [0, 1] and not expected[0]["resumed"], clean.stdout[-2000:]
+def test_a_killed_process_is_healed_by_the_launcher(backend, tmp_path, uninterrupted):
+    expected = uninterrupted(backend)
 
     healed = _launch(backend, tmp_path / "healed", "kill-once", 2)
     assert healed.returncode == 0, healed.stdout[-4000:] + healed.stderr[-4000:]
@@ -81,14 +97,12 @@ def test_a_crash_at_start_up_stops_after_the_restarts_and_a_preemption_is_not_re
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_machines_restart_together_and_give_up_together(backend, tmp_path):
+def test_two_machines_restart_together_and_give_up_together(backend, tmp_path, uninterrupted):
     """Two launchers on loopback (one process each) agree on every attempt at machine 0's
     rendezvous: process 1 (machine 1) SIGKILLs itself after step 3's save, both machines start
     again and end with the parameters of an uninterrupted run; a crash at start-up every time
     stops both after the restarts."""
-    clean = _launch(backend, tmp_path / "clean", "none", 0)
-    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
-    expected = _results(clean.stdout)
+    expected = uninterrupted(backend)  # two machines of one process each: processes 0 and 1, as there
 
     # a stranger on loopback hammers machine 0's rendezvous through the whole run, the restart's
     # re-join included (issue 46): the job heals as if nobody were there, and the stranger gets

@@ -293,7 +293,9 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         if obj in self._prepared:
             return obj  # prepared already: the same object, tracked once
         seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
-        loader = prepare_loader(obj, self._backend, seed)
+        config = self.dataloader_config
+        loader = prepare_loader(obj, self._backend, seed, stateful=config.use_stateful_dataloader,
+                                dispatch=config.dispatch_batches is True)
         if loader is not None:
             connect = getattr(loader, "connect", None)
             if callable(connect):  # collectives the loader needs: a sampler's own seed agreed, a stream's steps

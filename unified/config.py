@@ -141,10 +141,13 @@ class DataLoaderConfiguration:
     """How `prepare` treats data loaders: Accelerate's fields and defaults.
 
     unified's prepared loaders always give each process its own ``batch_size`` per step (Accelerate's
-    ``split_batches=False``), read on every process (no dispatching), fill the last global batch
+    ``split_batches=False``), read on every process unless ``dispatch_batches=True`` (then process 0
+    reads and sends every process its part, as Accelerate's dispatcher: `unified.data.dispatch`;
+    ``even_batches`` has no effect there, as in Accelerate), fill the last global batch
     up (``even_batches=True``, the repeats dropped by `gather_for_metrics`), shuffle by seed and
     epoch (``use_seedable_sampler``: always, so both values are accepted) and resume from
-    their state (``use_stateful_dataloader``: always). ``data_seed`` seeds the loaders' shuffling
+    their state (always; ``use_stateful_dataloader=True`` also makes the prepared torch loaders
+    torchdata ``StatefulDataLoader`` instances, as in Accelerate). ``data_seed`` seeds the loaders' shuffling
     instead of ``Accelerator(seed=...)``. ``non_blocking`` is accepted (batches are copied to
     the device without blocking anyway). Values unified does not implement are refused with a
     clear error when the Accelerator is made.
@@ -165,7 +168,7 @@ class DataLoaderConfiguration:
     # field -> (accepted values, what to do instead)
     _UNSUPPORTED = {
         "split_batches": ((False,), "pass the per-process batch size (batch_size // num_processes) to your DataLoader"),
-        "dispatch_batches": ((None, False), "let every process read its own share (the default)"),
+        "dispatch_batches": ((None, False, True), "pass None, False or True"),
         "even_batches": ((True,), "keep even_batches=True; gather_for_metrics drops the repeated samples"),
     }
 
@@ -173,6 +176,8 @@ class DataLoaderConfiguration:
         """Raise `NotImplementedError` naming a value unified does not implement."""
         for name, (accepted, instead) in self._UNSUPPORTED.items():
             value = getattr(self, name)
+            if name == "even_batches" and self.dispatch_batches is True:
+                continue  # a dispatched loader does not read it (nor does Accelerate's)
             if value not in accepted:
                 raise NotImplementedError(f"DataLoaderConfiguration({name}={value!r}) is not supported by unified: "
                                           f"{instead}." + see("not-supported-yet"))

@@ -30,7 +30,6 @@ from . import private
 from .control import TorchControlPlane
 from .data import TorchData
 from .loop import PreparedScheduler, TorchTrainingLoop
-from .offload import offloaded_state
 from .sharding import TorchSharding
 from .tensors import SAFETENSORS_DTYPES, export_contiguous, export_tensor, storable, tensor_from_numpy, whole_local
 
@@ -448,3 +447,29 @@ def _take_over(module: torch.nn.Module, state: Mapping[str, Any]) -> bool:
         for key, current in live.items():
             current.data = state[key]
     return True
+
+
+# Models that Accelerate's big-model utilities (``load_checkpoint_and_dispatch``, ``cpu_offload``) left
+# on the meta device, their weights held by ``AlignDevicesHook``s: read by onloading one module at a
+# time, as Accelerate's ``save_model`` does (only such a model brings Accelerate's code in here).
+def _offloaded(module: torch.nn.Module) -> bool:
+    hook = getattr(module, "_hf_hook", None)
+    return hook is not None and bool(getattr(hook, "offload", False))
+
+
+def offloaded_state(model: torch.nn.Module) -> Optional[Dict[str, Any]]:
+    """The model's full state on the CPU when some of its modules are offloaded by Accelerate's
+    hooks (each module's weights brought back in turn); None for any other model. A model with
+    parameters on the meta device and no offload hook is an error: there are no weights to save."""
+    if any(_offloaded(module) for module in model.modules()):
+        from accelerate.utils.modeling import get_state_dict_offloaded_model
+
+        return get_state_dict_offloaded_model(model)
+    meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if meta:
+        raise RuntimeError(
+            f"Cannot read the weights of this model: {len(meta)} parameter(s) are on the meta device and no offload "
+            f"hook holds their values (first: {meta[0]!r}). Load the weights first (e.g. "
+            "accelerate.load_checkpoint_and_dispatch, or model.to_empty(device=...) and load_state_dict)."
+            + see("meta-device-model"))
+    return None

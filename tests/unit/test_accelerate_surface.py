@@ -129,9 +129,12 @@ def test_dataloader_configuration_defaults_views_and_refusals():
     same = [b.tolist() for b in MemoryGroup(1).accelerator(0, seed=7).prepare(
         DataLoader(np.arange(8.0), batch_size=2, shuffle=True))]
     assert first == same  # data_seed seeds the loaders' order as seed= would
-    for refused in (dict(split_batches=True), dict(dispatch_batches=True), dict(even_batches=False)):
+    for refused in (dict(split_batches=True), dict(even_batches=False)):  # dispatch_batches=True: see below
         with pytest.raises(NotImplementedError, match=f"{next(iter(refused))}="):
             MemoryGroup(1).accelerator(0, dataloader_config=DataLoaderConfiguration(**refused))
+    # Accelerate's dispatcher (tests/unit/test_dispatch_batches.py), which does not read even_batches
+    config = DataLoaderConfiguration(dispatch_batches=True, even_batches=False)
+    assert MemoryGroup(1).accelerator(0, dataloader_config=config).dispatch_batches is True
 
 
 def test_prepared_lists_marks_and_preparing_twice():

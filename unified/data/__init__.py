@@ -13,7 +13,9 @@ in use are (`BatchLayout`); `unified.training.metrics` reads it to gather each s
 
 A torch ``DataLoader`` with its own sampler or batch sampler keeps it: each epoch's indices (or
 batches of indices) are drawn from it once (`SampledLoader`, `BatchSampledLoader`) and sharded
-the same way, so positions, resume and `skip_first_batches` work as for the built-in orders.
+the same way, so positions, resume and `skip_first_batches` work as for the built-in orders. One
+without automatic batching (``batch_size=None``) has items that are batches already, dealt one
+per process and step (`ItemSampledLoader`).
 
 The package, by concern (each module imports only those above it):
 
@@ -21,8 +23,10 @@ The package, by concern (each module imports only those above it):
 * `prefetch`: batches made ahead in a background thread.
 * `orders`: the global order of an epoch (`ShuffledOrder`) and a sampler's (`OrderSource`).
 * `streams`: iterable sources every process reads its own part of (Hugging Face, Grain, readers).
+* `stateful`: a prepared loader made a torchdata ``StatefulDataLoader`` (``use_stateful_dataloader``).
+* `dispatch`: Accelerate's ``dispatch_batches=True``: process 0 reads, every process gets its rows.
 * `loaders`: `DataLoader`, its prepared forms, `prepare_loader`, `skip_first_batches`.
-* `samplers`: prepared loaders that keep a torch loader's own sampler or batch sampler.
+* `samplers`: prepared loaders that keep a torch loader's own sampler or batch sampler, or its items.
 
 It runs in every worker.
 """
@@ -36,8 +40,8 @@ from .loaders import (
                       skip_first_batches,
 )
 from .orders import OrderSource, ShuffledOrder
-from .samplers import BatchSampledLoader, SampledLoader
+from .samplers import BatchSampledLoader, ItemSampledLoader, SampledLoader
 
 __all__ = ["DataLoader", "PreparedDataLoader", "PreparedIterableLoader", "SampledLoader", "BatchSampledLoader",
-           "BatchLayout", "OrderSource", "ShuffledOrder", "skip_first_batches", "prepare_loader", "default_collate",
-           "resume_position"]
+           "ItemSampledLoader", "BatchLayout", "OrderSource", "ShuffledOrder", "skip_first_batches", "prepare_loader",
+           "default_collate", "resume_position"]

@@ -10,9 +10,11 @@ import numpy as np
 
 from ..backend import Backend, ForeignLoaders
 from ..errors import see
+from .dispatch import dispatched
 from .layout import BatchLayout, Placement, _HostOnly, _in_use, _tail_layout, resume_position
 from .orders import ShuffledOrder
 from .prefetch import prefetched
+from .stateful import as_stateful
 from .streams import HuggingFaceStream, PreparedStreamLoader, is_hf_iterable, stream_for
 
 
@@ -146,6 +148,11 @@ class PreparedDataLoader:
     def _layout_of(self, order: Any, batch: int) -> BatchLayout:
         return _tail_layout(batch * self.global_batch_size, len(order), self.batch_size, self._backend.num_processes)
 
+    def _layout_in_use(self, order: Any, batch: int, placed: Any) -> BatchLayout:
+        """The `BatchLayout` of global batch ``batch`` once this process's part, ``placed``, is loaded
+        (a loader whose rows are known only then reads them from it)."""
+        return self._layout_of(order, batch)
+
     def batch_layout(self) -> Optional[BatchLayout]:
         """The `BatchLayout` of the batch this loader yielded last, while an iteration is running
         (``None`` before its first batch and after it ended): which rows are repeats."""
@@ -163,7 +170,7 @@ class PreparedDataLoader:
         placed = (self._place(batch) for batch in self._batches(self._index_lists(order, first), self.epoch))
         with _in_use(self):  # skipped batches are never loaded; prefetched ones are not consumed yet
             for batch in prefetched(placed, self.prefetch):
-                self._layout = self._layout_of(order, self.position)
+                self._layout = self._layout_in_use(order, self.position, batch)
                 self.position += 1  # a checkpoint taken while this batch is in use resumes after it
                 if self.on_batch is not None:
                     self.on_batch(self.position >= len(self))
@@ -257,6 +264,8 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         return _IterableSkip(dataloader, int(num_batches))
     if isinstance(dataloader, PreparedDataLoader):
         return _SkippedView(dataloader, int(num_batches))
+    if callable(getattr(dataloader, "skipped_view", None)):  # unified.data.dispatch.DispatchedLoader
+        return dataloader.skipped_view(int(num_batches))
     raise TypeError(
         f"skip_first_batches expects a loader returned by accelerator.prepare() or a unified.DataLoader; "
         f"received {type(dataloader).__qualname__}." + see("skip-wrong-loader")
@@ -276,15 +285,27 @@ def _prepare(source: Any, backend: Placement, seed: Optional[int]) -> Any:
     return kind(source, backend, seed)
 
 
-def prepare_loader(obj: Any, backend: Backend, seed: Optional[int]) -> Optional[Any]:
+def prepare_loader(obj: Any, backend: Backend, seed: Optional[int], stateful: bool = False,
+                   dispatch: bool = False) -> Optional[Any]:
     """The prepared form of a `DataLoader`, a Grain loader or dataset (`unified.data.streams`), or
-    what the backend adapts (a ``torch.utils.data.DataLoader``); None otherwise."""
+    what the backend adapts (a ``torch.utils.data.DataLoader``); None otherwise.
+
+    ``stateful`` (``DataLoaderConfiguration(use_stateful_dataloader=True)``): a loader the backend
+    adapts comes back as a torchdata ``StatefulDataLoader`` too, as in Accelerate (`unified.data.stateful`).
+    ``dispatch`` (``DataLoaderConfiguration(dispatch_batches=True)``): process 0 reads the loader and
+    sends every process its part of each step (`unified.data.dispatch`).
+    """
+    if dispatch:
+        prepared = dispatched(obj, backend, seed, prepare_loader)
+        wrap = stateful and prepared is not None and not isinstance(obj, DataLoader)
+        return as_stateful(prepared, obj) if wrap else prepared
     if isinstance(obj, DataLoader):
         return _prepare(obj, backend, obj.seed if obj.seed is not None else seed)
     stream = stream_for(obj, backend.process_index, backend.num_processes)
     if stream is not None:
         return PreparedStreamLoader(stream, backend)
-    return backend.prepare_loader(obj, seed) if isinstance(backend, ForeignLoaders) else None
+    prepared = backend.prepare_loader(obj, seed) if isinstance(backend, ForeignLoaders) else None
+    return as_stateful(prepared, obj) if stateful and prepared is not None else prepared
 
 
 class PreparedIterableLoader:

@@ -1,6 +1,7 @@
 """Prepared loaders that keep a torch ``DataLoader``'s own sampler (`SampledLoader`) or batch
 sampler (`BatchSampledLoader`): each epoch's indices are drawn from it once and sharded like
-any order."""
+any order; and a loader without automatic batching (`ItemSampledLoader`, torch's
+``batch_size=None``), whose every item is a batch."""
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from ..errors import see
 from .layout import BatchLayout, Placement, resume_position
 from .loaders import PreparedDataLoader
 from .orders import OrderSource, _DrawnEpochs
+from .streams import rows_of
 
 
 class SampledLoader(_DrawnEpochs, PreparedDataLoader):
@@ -134,3 +136,66 @@ class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
         self._load_source_state(state)
         self.epoch, self.position = self._resumed_position(state, self.num_batches())
         self.seed = int(state["seed"])
+
+
+class ItemSampledLoader(BatchSampledLoader):
+    """A prepared loader over a loader without automatic batching (torch's ``batch_size=None``):
+    every item its sampler draws (an index, or a list of indices when the sampler is a
+    ``BatchSampler``) is already a batch, ``collate_fn(dataset[item])``. The items are dealt as
+    a batch sampler's batches, as Accelerate's ``BatchSamplerShard`` deals them: step ``k`` gives
+    process ``r`` item ``k*P + r``; when the epoch's item count does not divide by ``P`` the last
+    step is filled up with the epoch's first items (with the sampler's ``drop_last=True``, a
+    ``BatchSampler``'s, that step is dropped). Positions count steps; a resume or
+    `skip_first_batches` loads no skipped item.
+
+    An item's rows are known only once it is loaded: on the step that repeats items, the
+    processes tell each other their rows (one small collective, on every process at that step),
+    so that `batch_layout` marks the repeats and `gather_for_metrics` counts every item once.
+
+    Example:
+        >>> loader = accelerator.prepare(torch.utils.data.DataLoader(batches, batch_size=None))  # doctest: +SKIP
+        >>> [len(b) for b in loader]   # process r's items r, r+P, r+2P, ... of the epoch
+    """
+
+    def __init__(self, source: Any, backend: Placement, seed: Optional[int], order: OrderSource, **kwargs: Any) -> None:
+        super().__init__(source, backend, seed, order, **kwargs)
+        self._exchange: Optional[Any] = None
+
+    def connect(self, exchange: Any) -> None:
+        """See `unified.data.orders._DrawnEpochs.connect`; the collectives also tell the rows of a
+        step that repeats items."""
+        self._exchange = exchange
+        super().connect(exchange)
+
+    def num_samples(self) -> int:
+        """Items in one epoch (each one a batch)."""
+        return self.num_batches()
+
+    def batch_indices(self, order: Any, batch: int) -> Any:
+        """This process's item of step ``batch``: an index, or a list of indices."""
+        item = order[self._step(order, batch)[self._backend.process_index]]
+        return [int(i) for i in item] if isinstance(item, (list, tuple)) else int(item)
+
+    def _index_lists(self, order: Any, first: int) -> Iterator[Any]:
+        for k in range(first, len(self)):
+            yield self.batch_indices(order, k)
+
+    def _layout_of(self, order: Any, batch: int) -> BatchLayout:
+        """The layout of step ``batch`` counted in items: one per process, none kept where it repeats."""
+        p, m = self._backend.num_processes, len(order)
+        return BatchLayout((1,) * p, tuple(1 if batch * p + r < m else 0 for r in range(p)))
+
+    def _layout_in_use(self, order: Any, batch: int, placed: Any) -> BatchLayout:
+        items, p = self._layout_of(order, batch), self._backend.num_processes
+        try:
+            mine = rows_of(placed)
+        except ValueError:  # no array in it: the item counts as one row
+            mine = 1
+        if not items.repeats:
+            return BatchLayout((mine,) * p, (mine,) * p)
+        rows = ((mine,) * p if self._exchange is None or p == 1 else
+                tuple(int(n) for n in self._exchange.all_gather_json(mine, operation="item_rows")))
+        return BatchLayout(rows, tuple(n * k for n, k in zip(rows, items.kept)))
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**BatchSampledLoader.state_dict(self), "items": True}

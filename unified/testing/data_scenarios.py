@@ -209,6 +209,55 @@ def data_iterable(state: dict) -> dict:
             "resumed": resumed, "resumed_reads": again_stream.reads}
 
 
+
+@scenario
+def data_dispatch(state: dict) -> dict:
+    """``DataLoaderConfiguration(dispatch_batches=True)``: process 0 reads, each step it sends every
+    process its rows of ``P`` of the loader's batches (Accelerate's dispatcher); a mid-epoch
+    checkpoint resumes with exactly the remaining batches. On a backend whose step batches are one
+    global array (``uneven_batches=False``) prepare refuses it, naming that backend's way."""
+    config = unified.DataLoaderConfiguration(dispatch_batches=True)
+    acc = Accelerator(timeout=60, dataloader_config=config)
+    global_arrays = getattr(acc._backend, "uneven_batches", True) is False
+    dataset = CountingDataset(13)
+    try:
+        loader = acc.prepare(unified.DataLoader(dataset, batch_size=2))
+    except NotImplementedError as err:
+        return {"global_arrays": global_arrays, "refused": str(err)}
+    epoch, gathered = [], []
+    for batch in loader:
+        epoch.append(_rows(batch))
+        gathered += np.asarray(acc.gather_for_metrics(batch["x"])).ravel().tolist()
+    stream = StatefulStream(13)
+    streamed = acc.prepare(unified.DataLoader(stream, batch_size=2))
+    target = _shared(f"dispatch_ckpt_{acc.num_processes}")
+    seen = []
+    for batch in streamed:
+        seen.append(_rows(batch))
+        if len(seen) == 2:
+            acc.save_state(target)
+            break
+    rest = [_rows(b) for b in streamed] + [_rows(b) for b in streamed]  # the epoch's rest, then the next
+    for i, _ in enumerate(loader):  # the map-style loader, saved mid-epoch too
+        if i == 1:
+            acc.save_state(target + "_map")
+            break
+    map_rest = [_rows(b) for b in loader]
+    fresh = Accelerator(timeout=60, dataloader_config=config)  # the same loaders, in the same order
+    fresh.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
+    again_stream = StatefulStream(13)
+    again = fresh.prepare(unified.DataLoader(again_stream, batch_size=2))
+    fresh.load_state(target)
+    resumed = [_rows(b) for b in again] + [_rows(b) for b in again]
+    other = Accelerator(timeout=60, dataloader_config=config)
+    map_again = other.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
+    other.prepare(unified.DataLoader(StatefulStream(13), batch_size=2))
+    other.load_state(target + "_map")
+    return {"global_arrays": global_arrays, "epoch": epoch, "gathered": gathered, "reads": dataset.calls,
+            "streamed": seen, "rest": rest, "resumed": resumed, "resumed_reads": again_stream.reads,
+            "map_rest": map_rest, "map_resumed": [_rows(b) for b in map_again], "length": len(loader)}
+
+
 # -- experiment trackers (run at the end of the data groups) ---------------------------------------
 TRACKED_STEPS = 3
 

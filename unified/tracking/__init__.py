@@ -27,10 +27,10 @@ group; ``from unified.tracking import ...`` is Accelerate's ``accelerate.trackin
 """
 from .base import GeneralTracker, LoggerType, TrackerUnavailable
 from .mlflow_tracker import MLflowTracker
-from .registry import LOGGER_TYPE_TO_CLASS, TRACKERS, available_trackers, register_tracker_class
+from .registry import LOGGER_TYPE_TO_CLASS, TRACKERS, available_trackers, get_available_trackers, register_tracker_class
 from .tensorboard_tracker import TensorBoardTracker
 from .wandb_tracker import WandBTracker
 
 __all__ = ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker", "LoggerType",
            "register_tracker_class", "LOGGER_TYPE_TO_CLASS",
-           "TrackerUnavailable", "TRACKERS", "available_trackers"]
+           "TrackerUnavailable", "TRACKERS", "available_trackers", "get_available_trackers"]

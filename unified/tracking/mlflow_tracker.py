@@ -1,10 +1,13 @@
 """MLflow: a local store under the logging directory, through mlflow-skinny."""
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
 import time
+import uuid
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from .base import GeneralTracker, logger, warn_not_logged
 
@@ -58,8 +61,9 @@ class MLflowTracker(GeneralTracker):
 
         gate = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)
         if gate is not None and not gate.get():
-            return (f"sqlite:///{os.path.join(self.logging_dir, 'mlflow.db')}",
-                    Path(self.logging_dir, "mlartifacts").as_uri())
+            database = os.path.join(self.logging_dir, "mlflow.db")
+            _create_database_whole(database)
+            return f"sqlite:///{database}", Path(self.logging_dir, "mlartifacts").as_uri()
         return Path(self.logging_dir, "mlruns").as_uri(), None
 
     def start(self) -> None:
@@ -108,18 +112,64 @@ class MLflowTracker(GeneralTracker):
             self._client.log_batch(self.run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH])
 
     def log(self, values: Dict[str, Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        """Log the numbers of ``values`` as metrics at ``step`` (other values are skipped with a
+        warning). ``kwargs`` (``accelerator.log(..., log_kwargs={"mlflow": {...}})``) go to
+        ``mlflow.log_metrics``, as in Accelerate: ``timestamp``, ``synchronous``, ``run_id`` (another
+        run of this tracker's store), and MLflow 3's ``model_id`` and ``dataset``; anything else is
+        MLflow's ``TypeError``.
+
+        Example:
+            >>> accelerator.log({"loss": 0.5}, step=10, log_kwargs={"mlflow": {"synchronous": True}})  # doctest: +SKIP
+        """
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
-        now = int(time.time() * 1000)
-        metrics = []
+        numbers = {}
         for key, value in values.items():
             if isinstance(value, (int, float)):
-                metrics.append(Metric(key, float(value), now, step or 0))
+                numbers[key] = float(value)
             else:
                 warn_not_logged(self.name, key, value)
-        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):  # kwargs: `log_kwargs={"mlflow": {...}}` (synchronous=)
-            self._client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH], **kwargs)
+        if kwargs:
+            self._log_metrics(numbers, step, kwargs)
+            return
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, step or 0) for key, value in numbers.items()]
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+
+    def _log_metrics(self, metrics: Dict[str, float], step: Optional[int], kwargs: Dict[str, Any]) -> None:
+        """``mlflow.log_metrics(metrics, step, **kwargs)`` into this tracker's store (and run, unless
+        ``kwargs`` name another): MLflow's process-wide tracking URI is this store's meanwhile, then
+        put back, with ``MLFLOW_TRACKING_URI`` as it was."""
+        import mlflow
+
+        if "run_id" in inspect.signature(mlflow.log_metrics).parameters:
+            kwargs = {"run_id": self.run_id, **kwargs}
+        with self._own_store():
+            mlflow.log_metrics(metrics, step=step, **kwargs)
+
+    @contextlib.contextmanager
+    def _own_store(self) -> Iterator[None]:
+        """MLflow's process-wide tracking URI is this tracker's store for the body (the script may
+        have pointed MLflow elsewhere since `start`), then as it was, ``MLFLOW_TRACKING_URI`` too."""
+        import mlflow
+
+        if mlflow.get_tracking_uri() == self.tracking_uri:
+            yield
+            return
+        is_set = getattr(mlflow, "is_tracking_uri_set", lambda: True)  # an older MLflow: keep what it resolves to
+        previous = mlflow.get_tracking_uri() if is_set() else None
+        exported = os.environ.get("MLFLOW_TRACKING_URI")
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(previous)
+            if exported is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = exported
 
     def identity(self) -> Optional[Dict[str, str]]:
         return {"run_id": self.run_id} if self.run_id else None
@@ -159,6 +209,33 @@ class MLflowTracker(GeneralTracker):
 
         current = mlflow.active_run()
         if current is not None and current.info.run_id == self.run_id:
-            mlflow.end_run()
+            with self._own_store():
+                mlflow.end_run()
         else:  # the script started another run meanwhile: end ours only
             self._client.set_terminated(self.run_id)
+
+
+def _create_database_whole(database: str) -> None:
+    """Create MLflow's SQLite store at ``database`` whole before MLflow opens it. MLflow builds a new
+    store by running its schema migrations one after another (8 s on a busy 2-core machine); two
+    openers of a store still being built (a restarted attempt while the last one's process still
+    ran, a second process or thread) both migrated it, and one failed with ``table ... already
+    exists``, which ended the job on every restart. Each creator builds its own copy under a
+    temporary name and links it into place unless another creator did first; a killed creator's
+    copy is removed by the next."""
+    if os.path.exists(database):
+        return
+    import mlflow
+
+    folder, name = Path(database).parent, Path(database).name
+    temporary = folder / f"{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    mlflow.MlflowClient(f"sqlite:///{temporary}").search_experiments()  # runs every migration
+    try:  # never over a store another creator put in place first: its openers would lose their file
+        os.link(temporary, database)
+    except FileExistsError:
+        pass
+    os.unlink(temporary)
+    for leftover in folder.glob(f"{name}.tmp-*"):
+        pid = leftover.name[len(name) + 5:].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            leftover.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import numpy as np
 
 from ..errors import see
-from .base import EXTRA, GeneralTracker, NoOpTracker, TrackerUnavailable, logger, random_streams_untouched
+from .base import EXTRA, GeneralTracker, LoggerType, NoOpTracker, TrackerUnavailable, logger, random_streams_untouched
 from .mlflow_tracker import MLflowTracker
 from .tensorboard_tracker import TensorBoardTracker
 from .wandb_tracker import WandBTracker
@@ -85,14 +85,27 @@ def _installed(module: str) -> bool:
 
 
 def available_trackers() -> List[str]:
-    """The built-in trackers whose packages are installed (what ``log_with="all"`` starts).
+    """The built-in trackers whose packages are installed (what ``log_with="all"`` starts, as
+    Accelerate's ``get_available_trackers()``: a class registered by `register_tracker_class` is
+    started by its name only, and one registered under a built-in name replaces that tracker).
 
     Example:
         >>> from unified.tracking import available_trackers
         >>> available_trackers()            # doctest: +SKIP
         ['tensorboard', 'mlflow', 'wandb']
     """
-    return [name for name, cls in TRACKERS.items() if all(_installed(m) for m in getattr(cls, "packages", ()))]
+    return [name for name, cls in _BUILT_IN.items() if all(_installed(m) for m in getattr(cls, "packages", ()))]
+
+
+def get_available_trackers() -> List[LoggerType]:
+    """Accelerate's name for `available_trackers`, as `LoggerType` members.
+
+    Example:
+        >>> from unified.tracking import get_available_trackers
+        >>> get_available_trackers()        # doctest: +SKIP
+        [<LoggerType.TENSORBOARD: 'tensorboard'>, <LoggerType.MLFLOW: 'mlflow'>, <LoggerType.WANDB: 'wandb'>]
+    """
+    return [LoggerType(name) for name in available_trackers()]
 
 
 def resolve_log_with(log_with: Any, logging_dir: Optional[str]) -> List[Union[str, GeneralTracker]]:
@@ -108,11 +121,13 @@ def resolve_log_with(log_with: Any, logging_dir: Optional[str]) -> List[Union[st
             instances.append(item)
             continue
         name = item.value if isinstance(item, enum.Enum) else item
-        if not isinstance(name, str) or (name.lower() not in TRACKERS and name.lower() != "all"):
+        if not isinstance(name, str) or (name not in TRACKERS and name.lower() not in TRACKERS
+                                         and name.lower() != "all"):
             raise ValueError(
                 f"Unsupported tracker in log_with: {item!r}. Expected {', '.join(repr(n) for n in TRACKERS)}, "
                 "'all', a unified.tracking.GeneralTracker instance, or a list of these." + see("unknown-tracker"))
-        name = name.lower()
+        if name not in TRACKERS:  # a registered name is exact (as in Accelerate); the built-in ones any case
+            name = name.lower()
         if name == "all":
             names += [n for n in available_trackers() if n not in names]
             continue

@@ -11,6 +11,7 @@ from unified.tracking import available_trackers
 
 from ..data_scenarios import (
     TRACKED_STEPS,
+    data_dispatch,
     data_epochs,
     data_iterable,
     data_load_other_count,
@@ -34,8 +35,11 @@ from ..scenarios import start
 from ..tracker_files import READER_MODULES, READERS
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable,
+SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, data_dispatch,
              pipeline_torchdata, pipeline_hf_stream, pipeline_grain, pipeline_torch_stream, tracking]
+# Accelerate 1.15's DataLoaderDispatcher, 13 items, batch_size=2: each process's batches ("|" between
+# batches, "/" between processes), as tests/unit/test_dispatch_batches.py holds them
+ACCELERATE_DISPATCH = {2: "0 1|4 5|8 9|12 / 2 3|6 7|10 11|0", 3: "0 1|6 7|12 / 2 3|8 9|0 / 4 5|10 11|1"}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
@@ -127,6 +131,29 @@ def test_iterable_data_sharded_skipped_on_host_and_resumed_from_state(group):
     assert seen == list(range(full * g))                # every process its own share, once
     last = [x for r in rows for x in r["epoch0"][full:][0]] if left else []
     assert sorted(set(last)) == list(range(full * g, 20))  # the end: its items, repeated to fill up
+
+
+def test_dispatch_batches_gives_accelerates_batches_and_resumes_exactly(group):
+    """DataLoaderConfiguration(dispatch_batches=True): only process 0 reads; every process gets its
+    rows of each step as in Accelerate; a mid-epoch checkpoint resumes with exactly the rest. A
+    backend whose step batches are one global array refuses it, naming its own way."""
+    rows = group.scenario(data_dispatch)
+    if rows[0]["global_arrays"]:
+        for r in rows:
+            assert "dispatch_batches=True" in r["refused"] and "dispatch-batches-jax" in r["refused"], r
+        return
+    expected = [[[int(x) for x in b.split()] for b in p.split("|")]
+                for p in ACCELERATE_DISPATCH[group.size].split(" / ")]
+    n = group.size
+    for rank, r in enumerate(rows):
+        assert "refused" not in r, r
+        assert r["epoch"] == r["streamed"] + r["rest"][:len(r["epoch"]) - 2] == expected[rank]
+        assert r["length"] == len(expected[rank])
+        assert r["gathered"] == list(range(13))  # gather_for_metrics drops the rows that fill up the last step
+        assert r["resumed"] == r["rest"] == expected[rank][2:] + expected[rank]
+        assert r["map_resumed"] == r["map_rest"] == expected[rank][2:]
+        # only process 0 reads: the resumed stream from its own state, nothing read twice
+        assert (r["reads"] > 0, r["resumed_reads"]) == ((True, 26 - 4 * n) if rank == 0 else (False, 0))
 
 
 def _pipeline(group, scenario):
