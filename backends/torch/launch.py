@@ -58,8 +58,10 @@ class TorchrunOutput:
     the user. Its agent log lines (``W1206 07:28:49.33 ... elastic/...``) and the
     ``ChildFailedError`` traceback with its failure report are left out: the launcher says in its
     own words that a process failed and stopped the others; the report's root cause is kept as one
-    line. Any other traceback of torchrun's (it could not start, say) is shown whole. ``verbose``:
-    everything, as torchrun printed it (``unified launch --verbose``).
+    line. The ``SignalException`` traceback of a torchrun stopped by a signal is left out too (the
+    launcher stops it when the attempt ended on another machine, and says so). Any other traceback
+    of torchrun's (it could not start, say) is shown whole. ``verbose``: everything, as torchrun
+    printed it (``unified launch --verbose``).
 
     Example:
         >>> out = TorchrunOutput(first_index=2, script="train.py")
@@ -92,6 +94,9 @@ class TorchrunOutput:
         if self.held is not None:
             if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
                 self.held, self.report = None, True
+                return None
+            if line.startswith("torch.distributed.elastic.multiprocessing.api.SignalException"):
+                self.held = None  # stopped by a signal (ours, on another machine's failure): the launcher says so
                 return None
             self.held.append(line)
             if line and not line.startswith(" "):  # the exception line of another traceback: show it whole

@@ -32,7 +32,7 @@ def test_two_processes_starting_on_a_new_store_at_once_both_start(tmp_path):
 
     logs = tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    at = str(time.time() + 8)  # after both have imported unified and MLflow
+    at = str(time.time() + 5)  # after both have imported unified and MLflow
     runs = [subprocess.Popen([sys.executable, "-c", START, str(logs), f"exp{i}", at], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = [run.communicate(timeout=300) for run in runs]

@@ -35,3 +35,17 @@ def test_verbose_shows_everything_as_torchrun_printed_it():
     shown = _shown(TorchrunOutput(4, "train.py", verbose=True), ["[rank0]:x", *REPORT])
     assert shown[0] == "[4] x" and len(shown) == 1 + len(REPORT)
     assert any("ChildFailedError" in line for line in shown)
+
+
+STOPPED = (Path(__file__).parent / "data" / "torchrun_stopped.txt").read_text().splitlines()
+
+
+def test_torchrun_stopped_by_the_launcher_shows_no_traceback():
+    """A machine whose attempt ended on another machine: our launcher SIGTERMs its torchrun, which
+    raises SignalException through its agent. The launcher says so in its own words ("attempt 1
+    ended on another machine ...; stopped this machine's processes"); torchrun's traceback of it
+    (torchrun 2.13's real output, from CI) is left out. Before, it reached the user's terminal."""
+    assert STOPPED[0].startswith("Traceback") and STOPPED[-1].startswith(
+        "torch.distributed.elastic.multiprocessing.api.SignalException")
+    assert _shown(TorchrunOutput(0, "train.py"), ["[rank0]:x", *STOPPED, "[rank0]:y"]) == ["[0] x", "[0] y"]
+    assert len(_shown(TorchrunOutput(0, "train.py", verbose=True), STOPPED)) == len(STOPPED)
