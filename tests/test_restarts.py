@@ -84,16 +84,15 @@ def _check_trackers_continued(output: str, project: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_crash_at_start_up_stops_after_the_restarts_and_a_preemption_is_not_restarted(backend, tmp_path):
+def test_a_crash_at_start_up_stops_after_the_restarts(backend, tmp_path):
+    """(That a preemption is not restarted: the conformance suite's test_preemption, whose launches
+    may restart once, for a signal to process 0, to the last process and to the launcher.)"""
     crashing = _launch(backend, tmp_path / "crash", "crash-at-start", 1)
     # the script's 3 (torchrun's agent reports any failure of its workers as 1)
     assert crashing.returncode in (1, 3), crashing.stdout[-2000:] + crashing.stderr[-2000:]
     assert crashing.stderr.count("starting the group again") == 1, crashing.stderr[-3000:]
     assert "gave up after 1 restart(s)" in crashing.stderr and "launch-gave-up" in crashing.stderr
 
-    preempted = _launch(backend, tmp_path / "preempt", "preempt", 2)
-    assert preempted.returncode == 75, preempted.stdout[-2000:] + preempted.stderr[-2000:]
-    assert "starting the group again" not in preempted.stderr, preempted.stderr[-3000:]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -826,7 +826,6 @@ def row_killed_worker_healed(backend: str, trials: int, rng: random.Random, work
         step, rank, when = rng.randint(1, 4), rng.randrange(2), rng.choice(["before-step", "after-save"])
         done, wall = _launch_restartable(backend, work / f"r14-{backend}-{t}", f"kill:{step}:{rank}:{when}", 2)
         got = {r: json.loads(text) for r, text in _tagged(done.stdout, "RESULT").items()}
-        killed, resumed = _tagged(done.stdout, "KILLED"), _tagged(done.stdout, "RESUMED")
         problems = []
         if done.returncode != 0:
             problems.append(f"launcher exited {done.returncode}")
@@ -834,15 +833,23 @@ def row_killed_worker_healed(backend: str, trials: int, rng: random.Random, work
             problems.append(f"parameters differ from the uninterrupted run ({got})")
         if any(g.get("restart_count") != 1 for g in got.values()):
             problems.append("not exactly one restart")
-        gap = float(resumed[0]) - float(killed[rank]) if rank in killed and 0 in resumed else None
-        if gap is not None:
-            gaps.append(gap)
+        gap = _kill_to_resume(done.stdout, rank, gaps)
         row.record(not problems, f"trial {t}: process {rank} killed at step {step} {when}: " + "; ".join(problems), gap)
     gaps.sort()
     row.notes = ("2 processes, 6 steps, a save per step; kill -> the new attempt's first step: "
                  + (f"median {gaps[len(gaps) // 2]:.1f} s, worst {gaps[-1]:.1f} s" if gaps else "n/a")
                  + "; time = that gap (detection, teardown, start-up, load)")
     return row
+
+
+def _kill_to_resume(output: str, victim: int, gaps: List[float]) -> Optional[float]:
+    """Seconds from the victim's KILLED line to process 0's RESUMED line of the next attempt
+    (appended to ``gaps``), or None when either is missing."""
+    killed, resumed = _tagged(output, "KILLED"), _tagged(output, "RESUMED")
+    if victim not in killed or 0 not in resumed:
+        return None
+    gaps.append(float(resumed[0]) - float(killed[victim]))
+    return gaps[-1]
 
 
 def row_crash_at_start(backend: str, trials: int, rng: random.Random, work: Path) -> Row:
@@ -1004,10 +1011,7 @@ def row_newest_damaged(backend: str, trials: int, rng: random.Random, work: Path
             what += f" ({damage['file']} byte {damage['offset']} of {damage['size']}, {damage['place']})"
             kinds[f"{kind} {damage['place']}"] = kinds.get(f"{kind} {damage['place']}", 0) + 1
         problems = _damaged_trial(done, project, step, victim, references[step])
-        killed, resumed = _tagged(done.stdout, "KILLED"), _tagged(done.stdout, "RESUMED")
-        gap = float(resumed[0]) - float(killed[victim]) if victim in killed and 0 in resumed else None
-        if gap is not None:
-            gaps.append(gap)
+        gap = _kill_to_resume(done.stdout, victim, gaps)
         row.record(not problems, f"{what}: " + "; ".join(problems), gap)
     gaps.sort()
     row.notes = ("2 processes, 6 steps, a save per step, total_limit 2; damaged after step 1/2/3/4: "

@@ -1,10 +1,10 @@
 """Sharded state on Google Cloud Storage (issue 29): the conformance suite's sharded store
 scenarios (`unified.testing.sharding_scenarios`), run against gcp-storage-emulator on loopback
-through gcsfs, on every installed backend: a group of 2 trains, saves its sharded state to
-``gs://`` (synchronously and asynchronously; every process its own objects) and loads it back
-exactly, a damaged shard object is refused with nothing restored; a group of 3 loads the
-2-process checkpoint. The suite itself runs these on moto's S3 server (its fault rows speak
-S3's error format); this is the same promise on the other store people use."""
+through gcsfs: a group of 2 trains, saves its sharded state to ``gs://`` (synchronously and
+asynchronously; every process its own objects) and loads it back exactly, a damaged shard object
+is refused with nothing restored; a group of 3 loads the 2-process checkpoint. On one backend:
+the store's code is shared. The suite itself runs these on moto's S3 server, on every backend
+(its fault rows speak S3's error format); this is the same promise on the other store people use."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +20,12 @@ from unified.testing.storage_scenarios import STORE_VARIABLE
 pytestmark = pytest.mark.skipif(missing_gcs_packages() is not None, reason=str(missing_gcs_packages()))
 
 
-@pytest.mark.parametrize("backend", available_backends())
+# On one backend (torch where installed): the gs:// store is shared code (fsspec, gcsfs); each backend's
+# sharded files on a store are what the conformance suite checks on moto's S3 server, on every backend.
+STORE_BACKEND = [b for b in available_backends() if b == "torch"] or available_backends()[:1]
+
+
+@pytest.mark.parametrize("backend", STORE_BACKEND)
 def test_sharded_state_saves_to_gs_and_loads_on_2_and_3_processes(backend, tmp_path):
     lacking = missing_requirements(backend, [shard_train_and_save])
     if lacking:

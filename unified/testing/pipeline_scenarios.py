@@ -38,26 +38,26 @@ def _local_ids(batch: Any) -> list:
 
 
 def _exercise(make: Callable[[Accelerator], Any], target: str, rows=_local_ids) -> Dict[str, Any]:
-    """One epoch with gather_for_metrics; then a run that saves after 2 batches and goes on;
-    then a fresh Accelerator that loads and continues (skip_first_batches to the same step)."""
-    acc = Accelerator(timeout=60)
-    loader = make(acc)
-    epoch, metrics = [], []
-    for batch in loader:
-        epoch.append(rows(batch))
-        x = batch["x"] if isinstance(batch, dict) else batch
-        metrics += np.asarray(acc.gather_for_metrics(x)).ravel().tolist()
+    """An epoch that saves after 2 batches and goes on to its end, every batch gathered for
+    metrics (its batches, ``first`` + ``rest``, are the ``epoch``: a save must not disturb the
+    live loader); then a fresh Accelerator that loads and continues (skip_first_batches to the
+    same step). Two loaders, not three: a library's loader may start worker processes (Grain
+    spawns them), the costly part of a group."""
     saving = Accelerator(timeout=60)
     live = make(saving)
     stream = iter(live)
-    first = [rows(next(stream)) for _ in range(2)]
-    saving.save_state(target)
-    rest = [rows(b) for b in stream]
+    first, rest, metrics = [], [], []
+    for k, batch in enumerate(stream):
+        (first if k < 2 else rest).append(rows(batch))
+        x = batch["x"] if isinstance(batch, dict) else batch
+        metrics += np.asarray(saving.gather_for_metrics(x)).ravel().tolist()
+        if k == 1:
+            saving.save_state(target)
     fresh = Accelerator(timeout=60)
     again = make(fresh)
     fresh.load_state(target)
     resumed = [rows(b) for b in fresh.skip_first_batches(again, 2)]
-    return {"epoch": epoch, "metrics": metrics, "first": first, "rest": rest, "resumed": resumed}
+    return {"epoch": first + rest, "metrics": metrics, "first": first, "rest": rest, "resumed": resumed}
 
 
 @scenario(requires=("ForeignLoaders",))

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -27,6 +28,9 @@ def main() -> int:
     out = Path(os.environ["UNIFIED_TEST_OUT"].replace("{process}", str(ProcessEnvironment.from_env().process_index)))
     results: dict = {}
     state: dict = {}
+    # UNIFIED_TEST_TIMINGS=FOLDER: each scenario's wall and CPU seconds, to see where a group's time goes
+    timings_folder = os.environ.get("UNIFIED_TEST_TIMINGS")
+    timings: dict = {}
 
     def flush() -> None:
         tmp = out.with_suffix(".tmp")
@@ -36,6 +40,7 @@ def main() -> int:
     for target in sys.argv[1:]:
         function = load_object(target)
         requirements(function)  # only declared scenarios run
+        wall, cpu = time.monotonic(), time.process_time()
         try:
             results[function.__name__] = function(state)
         except BaseException as err:  # noqa: BLE001 - report everything to the parent
@@ -45,6 +50,9 @@ def main() -> int:
             print(traceback.format_exc(), flush=True)
             return 1
         flush()
+        timings[function.__name__] = [time.monotonic() - wall, time.process_time() - cpu]
+        if timings_folder:
+            Path(timings_folder, f"{out.stem}-{os.getpid()}.json").write_text(json.dumps(timings))
     return 0
 
 

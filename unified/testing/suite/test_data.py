@@ -1,9 +1,11 @@
-"""Conformance: sharded data, batch skipping and mid-epoch resume, in groups of 2 and 3; the
-same groups end with the experiment trackers (process start-up is the expensive part)."""
+"""Conformance: sharded data, batch skipping and mid-epoch resume, in groups of 2 and 3; the group
+of 2 goes on with the libraries' loaders (torchdata, Hugging Face streams, Grain, torch iterable
+datasets with workers) and the experiment trackers (process start-up is the expensive part)."""
 from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Dict
 
 import pytest
 
@@ -21,7 +23,7 @@ from ..data_scenarios import (
     data_torch_workers,
     tracking,
 )
-from ..harness import run_group
+from ..harness import GroupResult, run_group
 from ..pipeline_scenarios import (
     HF_SHARDS,
     TORCH_STREAM,
@@ -35,18 +37,39 @@ from ..scenarios import start
 from ..tracker_files import READER_MODULES, READERS
 
 pytestmark = pytest.mark.multiprocess
-SCENARIOS = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, data_dispatch,
-             pipeline_torchdata, pipeline_hf_stream, pipeline_grain, pipeline_torch_stream, tracking]
+# unified's own sharding, skipping and resume: in the groups of 2 and of 3 (uneven shares)
+CORE = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, data_dispatch]
+# the libraries' loaders and the trackers: in the group of 2 only. What they add is the library's side
+# (its workers, its state), which does not depend on the process count that CORE checks at 2 and 3;
+# and they are the costly part of a group (each Grain loader starts its worker processes).
+LIBRARIES = [pipeline_torchdata, pipeline_hf_stream, pipeline_grain, pipeline_torch_stream, tracking]
 # Accelerate 1.15's DataLoaderDispatcher, 13 items, batch_size=2: each process's batches ("|" between
 # batches, "/" between processes), as tests/unit/test_dispatch_batches.py holds them
 ACCELERATE_DISPATCH = {2: "0 1|4 5|8 9|12 / 2 3|6 7|10 11|0", 3: "0 1|6 7|12 / 2 3|8 9|0 / 4 5|10 11|1"}
 
 
+@pytest.fixture(scope="module")
+def groups(backend) -> Dict[int, GroupResult]:
+    """The groups run so far for this backend, by size (each runs once, whichever test needs it first)."""
+    return {}
+
+
+def _group(groups: Dict[int, GroupResult], backend: str, size: int, tmp_path_factory) -> GroupResult:
+    if size not in groups:
+        scenarios = CORE + LIBRARIES if size == 2 else CORE
+        groups[size] = run_group(backend, size, scenarios, tmp_path_factory.mktemp("data")).ok()
+    return groups[size]
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}-processes")
-def group(request, backend, tmp_path_factory):
-    size = request.param
-    shared = tmp_path_factory.mktemp("data")
-    return run_group(backend, size, SCENARIOS, shared).ok()
+def group(request, backend, groups, tmp_path_factory):
+    return _group(groups, backend, request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def pair(backend, groups, tmp_path_factory):
+    """The group of 2, which also ran the libraries' loaders and the trackers."""
+    return _group(groups, backend, 2, tmp_path_factory)
 
 
 def _global(rows_per_process, batch):
@@ -166,8 +189,8 @@ def _pipeline(group, scenario):
 @pytest.mark.parametrize("scenario, samples", [pytest.param(pipeline_torchdata, 24, id="torchdata"),
                                                pytest.param(pipeline_hf_stream, hf_total(), id="datasets-stream"),
                                                pytest.param(pipeline_grain, 30, id="grain")])
-def test_library_pipelines_give_each_process_its_share_and_resume_exactly(group, scenario, samples):
-    rows = _pipeline(group, scenario)
+def test_library_pipelines_give_each_process_its_share_and_resume_exactly(pair, scenario, samples):
+    rows = _pipeline(pair, scenario)
     # repeats that fill up a batch are a process's own
     shares = [{x for batch in r["epoch"] for x in batch} for r in rows]
     assert sum(len(s) for s in shares) == len(set().union(*shares)) == samples  # disjoint, together the whole epoch
@@ -178,11 +201,11 @@ def test_library_pipelines_give_each_process_its_share_and_resume_exactly(group,
 
 
 @pytest.mark.parametrize("kind", ["split", "whole"])
-def test_a_torch_iterable_dataset_with_workers_gives_each_process_its_share_and_resumes_exactly(group, kind):
+def test_a_torch_iterable_dataset_with_workers_gives_each_process_its_share_and_resumes_exactly(pair, kind):
     """Every DataLoader worker of every process is one reader: a dataset that splits by its worker
     info reads 1/P of the stream per process; one that does not is read whole once per process,
     which keeps its own blocks. Either way the shares are disjoint and resume exactly."""
-    rows = _pipeline(group, pipeline_torch_stream)
+    rows = _pipeline(pair, pipeline_torch_stream)
     results = [r[kind] for r in rows]
     shares = [{x for batch in r["epoch"] for x in batch} for r in results]
     assert sum(len(s) for s in shares) == len(set().union(*shares)) == TORCH_STREAM
@@ -191,25 +214,25 @@ def test_a_torch_iterable_dataset_with_workers_gives_each_process_its_share_and_
         assert len(r["first"]) == 2 and r["rest"] and r["resumed"] == r["rest"]
     reads = [r["reads"] for r in results]
     # whole: worker 0 of each process reads it all, worker 1 one item (to see that it does not split)
-    expected = TORCH_STREAM // group.size if kind == "split" else TORCH_STREAM + 1
-    assert reads == [expected] * group.size
+    expected = TORCH_STREAM // pair.size if kind == "split" else TORCH_STREAM + 1
+    assert reads == [expected] * pair.size
 
 
-def test_a_datasets_stream_is_read_one_share_per_process(group):
-    rows = _pipeline(group, pipeline_hf_stream)
+def test_a_datasets_stream_is_read_one_share_per_process(pair):
+    rows = _pipeline(pair, pipeline_hf_stream)
     opened = [r["shards_read"] for r in rows]
     assert sorted(s for shards in opened for s in shards) == list(range(HF_SHARDS))  # each shard once, by one process
-    assert all(len(shards) == HF_SHARDS // group.size for shards in opened)
+    assert all(len(shards) == HF_SHARDS // pair.size for shards in opened)
     lengths = [len(r["epoch"]) for r in rows]
     assert len(set(lengths)) == 1  # shares of unequal length: every process takes part in every step
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
-def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(group, tracker):
+def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(pair, tracker):
     if tracker not in available_trackers() or importlib.util.find_spec(READER_MODULES[tracker]) is None:
         pytest.skip(f"needs the tracking extra (and {READER_MODULES[tracker]} to read): "
                     "pip install 'unified[tracking,test]'")
-    main, *others = group.scenario(tracking)
+    main, *others = pair.scenario(tracking)
     assert tracker in main["started"] and main["after_end"] == [], main
     assert main["handles"][tracker] == {"tensorboard": "SummaryWriter", "mlflow": "ActiveRun", "wandb": "Run"}[tracker]
     assert all(main["framework_arrays"]), "the scenario logged the backend's own 0-d arrays"
@@ -220,10 +243,10 @@ def test_trackers_write_on_the_main_process_only_and_end_training_closes_them(gr
     # tensorboardX imports torch when it can: not in a process that had not (a JAX run)
     assert main["frameworks_after"] == main["frameworks_before"], main
 
-    logging_dir = group.shared / "tracking"
+    logging_dir = pair.shared / "tracking"
     found = READERS[tracker](logging_dir, "conformance")
     assert found["runs"] == 1, f"expected one run, written by process 0 only: {found}"
-    n = group.size
+    n = pair.size
     steps = range(1, TRACKED_STEPS + 1)
     assert [step for step, _ in found["scalars"]["loss"]] == list(steps)
     assert [value for _, value in found["scalars"]["loss"]] == pytest.approx([1.0 / s for s in steps])

@@ -4,6 +4,7 @@ with 2 and 3 processes.
 One chain of runs per (backend, size), each run a real launch that ends as a preempted job ends:
 SIGTERM to process 0 at step 3, SIGUSR2 to the last process at step 6, SIGTERM to the launcher at
 step 8, then a run to the end (step 10), each resuming from the previous one's checkpoint. Every
+launch may restart once (``--max-restarts 1``), and no preempted run is restarted. Every
 launch names its preemption signals, ``--preemption-signals SIGTERM,SIGUSR2`` (submitit's), which
 the workers' Accelerators take from the launcher, so a configured signal is tested beside the
 default SIGTERM (SIGUSR1, the other default, in tests/unit/test_preemption.py). An
@@ -43,7 +44,7 @@ def _launch(backend: str, size: int, shared: Path, tag: str, *args: str) -> subp
     try:
         return subprocess.Popen([sys.executable, "-m", "unified", "launch", "-n", str(size), "--backend", backend,
                                  "--grace-period", "60", "--preemption-signals", "SIGTERM,SIGUSR2",
-                                 str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
+                                 "--max-restarts", "1", str(SCRIPT), str(shared), tag, "--steps", str(STEPS), *args],
                                 cwd=shared, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()
@@ -121,6 +122,7 @@ def test_every_process_stops_at_the_signalled_step_and_the_launcher_says_preempt
             assert result["start"] == previous_step, (tag, rank, result)  # resumed from the previous run's save
             assert result["saved"] == f"checkpoint_{number}", (tag, rank, result)
         assert len({r["hash"] for r in run["results"]}) == 1, tag  # one state, saved at one step
+        assert "starting the group again" not in run["log"], run["log"]  # a preemption is not a failure
         # no worker crashed (torchrun itself prints its ChildFailedError summary for the exit codes 75)
         assert not [line for line in run["log"].splitlines() if line[:1] == "[" and line[1:2].isdigit()
                     and "Traceback" in line], run["log"]
