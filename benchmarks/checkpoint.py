@@ -206,8 +206,9 @@ def _mapped_read(path: str, size: int, checksum: str) -> Dict[str, Any]:
     import xxhash
 
     from unified.checkpoint import safetensors_io
+    from unified.checkpoint.safetensors_format import _open_for_reading
 
-    fd = safetensors_io._open_for_reading(path)
+    fd = _open_for_reading(path)
     try:
         assert os.fstat(fd).st_size == size
         buffer = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
@@ -597,12 +598,12 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.part:
-        from unified.checkpoint import safetensors_io
+        from unified.checkpoint import safetensors_read
 
         if args.read_chunk_mib:
-            safetensors_io._READ_CHUNK = args.read_chunk_mib << 20
+            safetensors_read._READ_CHUNK = args.read_chunk_mib << 20
         if args.readers:
-            safetensors_io._READERS = args.readers
+            safetensors_read._READERS = args.readers
         emit((torch_part if args.part == "torch" else jax_part)(args))
         return
 

@@ -211,7 +211,7 @@ def profile_ours(group: Group, directory: str, probe: Any) -> Dict[str, float]:
         (manager, "_verify_sharded_tree", "load: . shard files checked before the read (JAX: xxh3 of this process's "
                                           "share; torch: sizes)"),
         (manager, "_read", "load: _read (manifest, our files, contains the one above)"),
-        (manager.sharding, "load_sharded_hashed" if manager.sharding.hashes_while_reading else "load_sharded",
+        (manager.sharding, "load_sharded",
          "load: . the backend's sharded read into new arrays (DCP / Orbax; torch: hashing what it reads whole)"),
         (manager, "_check_read_hashes", "load: . torch: the read's checksums compared, files no process read whole "
                                         "hashed"),

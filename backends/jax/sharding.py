@@ -19,11 +19,11 @@ the metadata) or have its shape, so they follow their parameter.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 
-from unified.backend import FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
+from unified.backend import FileHashes, ShardedArrays, ShardedLoad, ShardedRead, ShardedTraining, ShardedWrite
 from unified.config import is_url
 
 __all__ = ["AXIS", "JaxSharding", "annotations", "partition_spec", "split_dimension"]
@@ -95,7 +95,7 @@ class JaxSharding(ShardedTraining, ShardedArrays):
         return isinstance(value, jax.Array) and not value.is_fully_addressable and not value.is_fully_replicated
 
     # An object store gets the files of backends.jax.storage.write_shards (Orbax cannot write
-    # there), read back hashed (load_sharded_hashed); a folder gets Orbax's, verified before
+    # there), read back hashed (load_sharded); a folder gets Orbax's, verified before
     # Orbax opens them (hashes_while_reading stays False: it is about folders).
     sharded_to_store = True
 
@@ -145,34 +145,22 @@ class JaxSharding(ShardedTraining, ShardedArrays):
 
         return ShardedWrite(finish)
 
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        """Orbax's files from a folder; `write_shards`' (a store's checkpoint copied to a folder)
-        with their reader."""
-        from .storage import holds_shard_files, read_shards
+    def load_sharded(self, directory: str, like: Mapping[str, Any], options: ShardedLoad) -> ShardedRead:
+        """From an object store, or a folder that holds `write_shards`' files (a store's
+        checkpoint copied to a folder): `backends.jax.storage.read_shards` (no collective), with
+        the hashes of the files it read whole (into private local copies where
+        ``options.copy_to`` gives one: those arrays come back deferred). Orbax's files from a
+        folder, verified before: restored a group of arrays at a time (`OrbaxGroups`) as the load
+        makes them with ``options.defer``, else at once."""
+        from .storage import OrbaxGroups, holds_shard_files, read_shards
 
-        if holds_shard_files(directory):
-            return read_shards(directory, like)[0]
+        if is_url(directory) or holds_shard_files(directory):
+            arrays, hashes = read_shards(directory, like, options.copy_to)
+            return ShardedRead(arrays, hashes)
+        if options.defer:
+            return ShardedRead(OrbaxGroups(os.path.abspath(directory), like).deferred())
         import orbax.checkpoint as ocp
 
         target = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in like.items()}
         with ocp.StandardCheckpointer() as checkpointer:
-            return dict(checkpointer.restore(os.path.abspath(directory), target))
-
-    def load_sharded_deferred(self, directory: str, like: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-        """Orbax's files from a folder, restored a group of arrays at a time (`OrbaxGroups`) as the
-        load makes them; None for `write_shards`' files (read at once by `load_sharded`)."""
-        from .storage import OrbaxGroups, holds_shard_files
-
-        if holds_shard_files(directory):
-            return None
-        return OrbaxGroups(os.path.abspath(directory), like).deferred()
-
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
-                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
-                            ) -> Tuple[Dict[str, Any], FileHashes]:
-        """From an object store: `backends.jax.storage.read_shards` (no collective), with the
-        hashes of the objects it read whole (into private local copies where ``copy_to`` gives
-        one: those arrays come back deferred)."""
-        from .storage import read_shards
-
-        return read_shards(directory, like, copy_to)
+            return ShardedRead(dict(checkpointer.restore(os.path.abspath(directory), target)))

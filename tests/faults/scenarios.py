@@ -262,8 +262,8 @@ def fault_count_load(state: dict) -> dict:
     rank = acc.process_index
     if rank >= saved:
         from unified.checkpoint import codec
-        from unified.checkpoint.manager import derived_rng_seed
         from unified.checkpoint.manifest import read_manifest
+        from unified.checkpoint.rng_state import derived_rng_seed
 
         manifest = read_manifest(directory)
         name = f"rng_{rank % saved}"

@@ -28,7 +28,7 @@ sys.path[:0] = [ROOT]
 
 from unified import Accelerator, CheckpointError  # noqa: E402
 from unified.checkpoint import manager as manager_module  # noqa: E402
-from unified.checkpoint import safetensors_io  # noqa: E402
+from unified.checkpoint import safetensors_io, safetensors_read  # noqa: E402
 from unified.testing.kit import make_training  # noqa: E402
 
 
@@ -69,7 +69,7 @@ def run_case(backend: str, case: str, base: str) -> dict:
     run.step()
     before_load = fingerprint(acc)
     how, when = case.split("-", 1)
-    restore_read, restore_hash = manager_module.CheckpointManager._read, safetensors_io.xxhash
+    restore_read, restore_hash = manager_module.CheckpointManager._read, safetensors_read.xxhash
     restore_file_read = safetensors_io.read
     if when == "after-verify":
         def read_then_tamper(self, where):
@@ -119,7 +119,7 @@ def run_case(backend: str, case: str, base: str) -> dict:
                 tampering.reading = None
 
         safetensors_io.read = read_tampered
-        safetensors_io.xxhash = tampering
+        safetensors_read.xxhash = tampering
     outcome = {"case": case}
     try:
         acc.load_state(directory)
@@ -127,7 +127,7 @@ def run_case(backend: str, case: str, base: str) -> dict:
     except CheckpointError as err:
         outcome["raised"] = str(err)
     finally:
-        manager_module.CheckpointManager._read, safetensors_io.xxhash = restore_read, restore_hash
+        manager_module.CheckpointManager._read, safetensors_read.xxhash = restore_read, restore_hash
         safetensors_io.read = restore_file_read
     if when == "after-load" and outcome["raised"] is None:
         for path in data_files(directory):

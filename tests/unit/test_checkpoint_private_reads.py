@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from unified.checkpoint import safetensors_io
+from unified.checkpoint import safetensors_io, safetensors_read
 from unified.errors import CheckpointError
 
 from ..conftest import BACKENDS
@@ -92,10 +92,10 @@ def test_a_file_rewritten_while_it_is_read_fails_its_checksum(tmp_path, monkeypa
                 handle.write(b"\x01" * 8)
         return real_preadv(fd, buffers, offset, *args)
 
-    monkeypatch.setattr(safetensors_io, "_READ_CHUNK", 1 << 20)
+    monkeypatch.setattr(safetensors_read, "_READ_CHUNK", 1 << 20)
     # one reader thread: with several, the last chunk could be read before the rewrite lands (on a
     # busy machine), and the read would then rightly pass
-    monkeypatch.setattr(safetensors_io, "_READERS", 1)
+    monkeypatch.setattr(safetensors_read, "_READERS", 1)
     monkeypatch.setattr(os, "preadv", rewriting)
     with pytest.raises(CheckpointError, match="checksum mismatch"):
         safetensors_io.read(path, info["size"], info["xxh3"])

@@ -110,13 +110,13 @@ def test_live_writes_hash_exactly_the_bytes_they_write(sizes, live):
     safetensors whose recorded checksum is that of the file, with several chunks per array."""
     import unittest.mock
 
-    from unified.checkpoint import safetensors_io
+    from unified.checkpoint import safetensors_io, safetensors_write
 
     arrays = {f"a{i}": np.arange(n, dtype=np.float32) * (i + 1) for i, n in enumerate(sizes)}
     exported = {k: safetensors_io.export_numpy(v) for k, v in arrays.items()}
     path = os.path.join(tempfile.mkdtemp(), "f.safetensors")
-    with unittest.mock.patch.object(safetensors_io, "_LIVE_CHUNK", 1000), \
-            unittest.mock.patch.object(safetensors_io, "_LIVE_BUFFERS", 2):
+    with unittest.mock.patch.object(safetensors_write, "_LIVE_CHUNK", 1000), \
+            unittest.mock.patch.object(safetensors_write, "_LIVE_BUFFERS", 2):
         info = safetensors_io.write(path, exported, live=live)
     assert safetensors_io.verify_file(path, info["size"], info["xxh3"]) == info
     back = safetensors_io.read(path, info["size"], info["xxh3"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unified.checkpoint.manager import share_of
+from unified.checkpoint.save import share_of
 
 sizes_st = st.dictionaries(st.text("abcdef/0123", min_size=1, max_size=6), st.integers(0, 10**9), max_size=40)
 

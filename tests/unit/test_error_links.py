@@ -27,8 +27,8 @@ SUITE = "unified/testing/"
 # Raises whose message needs no see(): BarrierTimeout appends its own link (errors.py);
 # `timeout_error` (backends/common.py) and the JAX backend's `_timeout_error` return one, and
 # `_invalid_structure` (unified/checkpoint/codec.py), `_not_safetensors`, `checksum_mismatch`,
-# `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_io.py) and
-# `_commit_error` (unified/checkpoint/manager.py) return CheckpointErrors that end with see(...);
+# `size_mismatch`, `cannot_open` and `_ended` (unified/checkpoint/safetensors_format.py) and
+# `_commit_error` (unified/checkpoint/failures.py) return CheckpointErrors that end with see(...);
 # `_rows_error` (unified/training/metrics.py) returns a ValueError ending with
 # see("gather-for-metrics-rows"); `changed` (backends/*/private.py) returns a BackendUnavailable
 # ending with see("private-api-changed").
@@ -45,7 +45,7 @@ UNLINKED: Dict[Tuple[str, str], str] = {
         "see('launch-rendezvous-refused')",
     ("unified/launcher/rendezvous.py", "an answer not signed"):
         "a client's retry, raised as RendezvousLost + see('launch-rendezvous-lost') once its patience is spent",
-    ("unified/checkpoint/safetensors_io.py", "the destination of"):
+    ("unified/checkpoint/safetensors_read.py", "the destination of"):
         "a caller's wrong destination array; `_lay_out` turns it into a CheckpointError with a link",
     ("unified/runtime/watchdog.py", "no answer within"):
         "internal to the watchdog: its callers treat it as an unanswered channel",

@@ -11,8 +11,9 @@ import weakref
 
 import numpy as np
 import pytest
+import xxhash
 
-from unified.checkpoint import codec, safetensors_io
+from unified.checkpoint import codec, safetensors_io, safetensors_place, safetensors_read
 from unified.errors import CheckpointError
 
 
@@ -94,9 +95,9 @@ def test_kept_hand_offs_get_memory_of_their_own_made_just_before_they_are_read(t
     """A `KeepsHost` hand-off keeps the array itself (a JAX CPU array made over its memory), so
     each gets memory of its own that is never written again, in file order; the folder reader
     (threads reading ahead) makes at most its read-ahead's worth of them before handing off."""
-    monkeypatch.setattr(safetensors_io, "_READ_CHUNK", 1 << 20)
-    monkeypatch.setattr(safetensors_io, "_READ_AHEAD", 4 << 20)
-    monkeypatch.setattr(safetensors_io, "_READERS", 2)
+    monkeypatch.setattr(safetensors_read, "_READ_CHUNK", 1 << 20)
+    monkeypatch.setattr(safetensors_read, "_READ_AHEAD", 4 << 20)
+    monkeypatch.setattr(safetensors_read, "_READERS", 2)
     made, handed, most_ahead = [], [], [0]
     arrays, info = _write_many(tmp_path / "f.safetensors", 24, 1 << 18)  # 24 arrays of 1 MiB
     private = safetensors_io.private_array
@@ -107,7 +108,7 @@ def test_kept_hand_offs_get_memory_of_their_own_made_just_before_they_are_read(t
         most_ahead[0] = max(most_ahead[0], len(made) - len(handed))
         return array
 
-    monkeypatch.setattr(safetensors_io, "private_array", counted)
+    monkeypatch.setattr(safetensors_place, "private_array", counted)
 
     def keep(key):
         return safetensors_io.KeepsHost(lambda array: handed.append((key, array)))
@@ -129,7 +130,7 @@ def test_kept_hand_offs_get_memory_of_their_own_made_just_before_they_are_read(t
 def test_hand_offs_follow_the_hashing_with_tiny_and_empty_arrays_between(tmp_path, monkeypatch):
     """The folder reader batches tiny arrays into one read; each kept array is handed off only
     once its last byte was hashed, also when it ends inside such a batch."""
-    monkeypatch.setattr(safetensors_io, "_READ_CHUNK", 1 << 16)
+    monkeypatch.setattr(safetensors_read, "_READ_CHUNK", 1 << 16)
     arrays = {}
     for i in range(40):
         arrays[f"t{i:02d}"] = np.full(3 + i, i, np.int32)
@@ -138,7 +139,7 @@ def test_hand_offs_follow_the_hashing_with_tiny_and_empty_arrays_between(tmp_pat
     info = safetensors_io.write(str(tmp_path / "f.safetensors"),
                                 {k: safetensors_io.export_numpy(v) for k, v in arrays.items()})
     hashed_before, handed = [], []
-    real = safetensors_io.xxhash.xxh3_64
+    real = xxhash.xxh3_64
 
     class Counting:
         def __init__(self):
@@ -152,7 +153,7 @@ def test_hand_offs_follow_the_hashing_with_tiny_and_empty_arrays_between(tmp_pat
             return self.digest.hexdigest()
 
     counter = Counting()
-    monkeypatch.setattr(safetensors_io.xxhash, "xxh3_64", lambda *a: counter)
+    monkeypatch.setattr(xxhash, "xxh3_64", lambda *a: counter)
     into = {key: safetensors_io.KeepsHost(lambda array, key=key: (handed.append((key, array.copy())),
                                                                    hashed_before.append(counter.count)))
             for key in arrays if key[0] in "ke"}

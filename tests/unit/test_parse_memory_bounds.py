@@ -23,7 +23,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unified.checkpoint import manifest, safetensors_io
+from unified.checkpoint import manifest, safetensors_io, safetensors_write
 from unified.errors import CheckpointError
 
 from .helpers import peak_of
@@ -58,7 +58,7 @@ def _entries(info: str) -> bytes:
 def _writer_header() -> bytes:
     """The header unified's writer makes for 20000 arrays named as Adam's state is."""
     arrays = {f"optimizer_0/state/{i}/exp_avg_sq": ("F32", (0, 4096), np.zeros(0, np.uint8)) for i in range(20000)}
-    return safetensors_io._layout({k: (d, s, r.nbytes) for k, (d, s, r) in arrays.items()})[1][8:]
+    return safetensors_write._layout({k: (d, s, r.nbytes) for k, (d, s, r) in arrays.items()})[1][8:]
 
 
 # Headers that cost the most memory per byte: those every reader accepts (zero-size arrays hold

@@ -1,6 +1,6 @@
 """The rules of a restart on another number of processes, without a process group: the data
 position in global samples (`unified.data.resume_position`), the RNG rule
-(`unified.checkpoint.manager.resolve_rng`) and the open accumulation window
+(`unified.checkpoint.rng_state.resolve_rng`) and the open accumulation window
 (`GradientState.check_state_dict`). The conformance suite runs them for real (test_resize.py)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from unified.checkpoint.manager import derived_rng_seed, resolve_rng
+from unified.checkpoint.rng_state import derived_rng_seed, resolve_rng
 from unified.data import PreparedDataLoader, PreparedIterableLoader, resume_position
 from unified.training.loop import GradientState
 

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
-from unified.backend import ShardedArrays
+from unified.backend import ShardedArrays, ShardedLoad, ShardedRead
 
 from .memory_backend import MemoryBackend, MemoryGroup, run_threads, unwrap
 
@@ -39,9 +39,10 @@ class SyncShardedBackend(MemoryBackend, ShardedArrays):
         for key, value in arrays.items():
             np.save(os.path.join(directory, f"{key}.{self.process_index}.npy"), np.asarray(value), allow_pickle=False)
 
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        return {key: np.load(os.path.join(directory, f"{key}.{self.process_index}.npy"), allow_pickle=False).view(Part)
-                for key in like}
+    def load_sharded(self, directory: str, like: Mapping[str, Any], options: ShardedLoad) -> ShardedRead:
+        # the plain read only: nothing hashed, nothing deferred, whatever ``options`` asks
+        return ShardedRead({key: np.load(os.path.join(directory, f"{key}.{self.process_index}.npy"),
+                                         allow_pickle=False).view(Part) for key in like})
 
 
 class Table:

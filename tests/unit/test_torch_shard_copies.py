@@ -15,7 +15,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 
 from backends.torch.sharding import TorchSharding  # noqa: E402
 from backends.torch.storage import HashingWriter  # noqa: E402
-from unified.backend import DeferredArray  # noqa: E402
+from unified.backend import DeferredArray, ShardedLoad  # noqa: E402
 from unified.checkpoint.store import headers_of  # noqa: E402
 from unified.errors import CheckpointError  # noqa: E402
 from unified.testing.object_store import missing_store_packages, s3_server  # noqa: E402
@@ -27,6 +27,13 @@ SAVED = {"w": torch.arange(6 * 1024, dtype=torch.float32).reshape(6, 1024), "b":
 
 def _zeros():
     return {k: torch.zeros_like(v) for k, v in SAVED.items()}
+
+
+def _load(where: str, like, copy_to=None):
+    """The manager's hashed read, bounded (``defer``) when given ``copy_to``: (arrays, hashes)."""
+    read = TorchSharding().load_sharded(where, like, ShardedLoad(hash_files=True, defer=copy_to is not None,
+                                                                 copy_to=copy_to))
+    return read.arrays, read.hashes
 
 
 def _save(where: str):
@@ -52,7 +59,7 @@ def test_objects_read_whole_are_copied_hashed_and_fill_the_live_tensors_in_place
         asked.append(os.path.basename(path))
         return str(tmp_path / f"copy-{len(asked)}")
 
-    arrays, hashed = TorchSharding().load_sharded_hashed(url, like, copy_to=copy_to)
+    arrays, hashed = _load(url, like, copy_to=copy_to)
     assert hashed == written and asked == sorted(written)
     assert all(isinstance(v, DeferredArray) for v in arrays.values()) and sorted(arrays) == ["b", "w"]
     assert all(not v.any() for v in like.values())  # nothing written before the load puts them in place
@@ -67,7 +74,7 @@ def test_without_room_for_a_copy_fresh_tensors_are_filled_and_the_live_ones_left
     url, written = store
     like, asked = _zeros(), []
     monkeypatch.setattr(storage, "headers_of", lambda paths, *rest: asked.append(paths) or headers_of(paths, *rest))
-    arrays, hashed = TorchSharding().load_sharded_hashed(url, like, copy_to=lambda path, size: None)
+    arrays, hashed = _load(url, like, copy_to=lambda path, size: None)
     assert len(asked) == 1  # the objects' headers asked for once, though the load planned twice
     assert hashed == written and not any(isinstance(v, DeferredArray) for v in arrays.values())
     assert all(torch.equal(arrays[k], SAVED[k]) and arrays[k] is not like[k] for k in SAVED)
@@ -78,7 +85,7 @@ def test_without_a_bounded_load_asked_for_a_folder_is_read_into_fresh_tensors(tm
     folder = str(tmp_path / "sharded.dcp")
     written = _save(folder)
     like = _zeros()
-    arrays, hashed = TorchSharding().load_sharded_hashed(folder, like)
+    arrays, hashed = _load(folder, like)
     assert hashed == written and not any(isinstance(v, DeferredArray) for v in arrays.values())
     assert all(torch.equal(arrays[k], SAVED[k]) for k in SAVED) and all(not v.any() for v in like.values())
 
@@ -87,7 +94,7 @@ def test_a_folder_s_files_are_hashed_where_they_are_and_fill_the_live_tensors_in
     folder = str(tmp_path / "sharded.dcp")
     written = _save(folder)
     like = _zeros()
-    arrays, hashed = TorchSharding().load_sharded_hashed(folder, like, copy_to=lambda path, size: str(tmp_path / "x"))
+    arrays, hashed = _load(folder, like, copy_to=lambda path, size: str(tmp_path / "x"))
     assert hashed == written and all(isinstance(v, DeferredArray) for v in arrays.values())
     assert all(not v.any() for v in like.values()) and not os.path.exists(tmp_path / "x")  # no copy of a folder's file
     for key, value in arrays.items():
@@ -102,7 +109,7 @@ def test_a_folder_s_file_that_changed_after_the_first_pass_is_refused_when_made(
     folder = str(tmp_path / "sharded.dcp")
     _save(folder)
     like = _zeros()
-    arrays, _ = TorchSharding().load_sharded_hashed(folder, like, copy_to=lambda path, size: None)
+    arrays, _ = _load(folder, like, copy_to=lambda path, size: None)
     (name,) = os.listdir(folder)
     with open(os.path.join(folder, name), "r+b") as handle:  # the last byte of the last entry
         handle.seek(-1, os.SEEK_END)

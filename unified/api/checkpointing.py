@@ -1,12 +1,11 @@
 """Checkpoints (`unified.Accelerator`'s part): ``register_for_checkpointing``, ``save_state``,
-``wait_for_checkpoint`` and ``load_state``; the work is `unified.checkpoint.manager`'s."""
+``wait_for_checkpoint`` and ``load_state``; the work is `unified.checkpoint.manager`'s (its two verbs,
+``save`` and ``load``)."""
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional
 
 from ..backend import WriteGuards
-from ..checkpoint.asynchronous import AsyncSave
 from ..errors import CheckpointError, RegistrationError, see
 
 
@@ -54,38 +53,18 @@ class Checkpointing:
             >>> path = accelerator.save_state("ckpt/last")  # an explicit directory
         """
         self.wait_for_checkpoint()
-        manager = self._checkpoints
-        final = manager.resolve_save_dir(output_dir)
         if async_save is None:
             async_save = self.project_configuration.async_save
-        iteration = self.project_configuration.iteration
-        if self.project_configuration.automatic_checkpoint_naming:
-            self.project_configuration.iteration += 1
-        begun, skip, hooks = None, [], ({}, None)
-        if self._state_hooks.has_save_hooks:  # they write into the checkpoint before its files are written
-            begun = manager.begin(final)
-            skip, *hooks = manager.run_save_hooks(begun[1], self._state_hooks.run_save)
-        if not async_save:
-            snapshot = manager.safe_snapshot(iteration, skip=skip)
-            snapshot.hook_files, snapshot.hook_error = hooks
-            return manager.save(final, snapshot, begun)
         # Where the backend can hold back the next in-place update until the files are written
         # (torch: hooks before a prepared optimizer's step and a prepared model's forward) and
         # detect the others (version counters), the snapshot needs no copy of the framework arrays.
-        guarded = isinstance(self._backend, WriteGuards)
-        snapshot = manager.safe_snapshot(iteration, detach=True, skip=skip)
-        snapshot.hook_files, snapshot.hook_error = hooks
-        manager.refuse_sharded_on_store(final, snapshot)
-        token, tmp = begun if begun is not None else manager.begin(final)
-        # Arrays sharded across processes: their collective part (the plan, host copies of each
-        # process's own shards) runs here; only their writes go to the background.
-        sharded = manager.begin_sharded(tmp, snapshot)
-        detached = threading.Event()  # set once the background no longer reads live memory
-        pending = AsyncSave(lambda: manager.save_in_background(final, token, tmp, snapshot, sharded, detached.set),
-                            detached=detached)
-        if guarded:
-            pending.release = self._backend.guard_writes(self._prepared.pairs(), pending.wait_detached)
-        self._async_save = pending
+        guard = None
+        if isinstance(self._backend, WriteGuards):
+            def guard(wait_detached):
+                return self._backend.guard_writes(self._prepared.pairs(), wait_detached)
+        hooks = self._state_hooks.run_save if self._state_hooks.has_save_hooks else None
+        final, self._async_save = self._checkpoints.save(output_dir, async_save=async_save, run_hooks=hooks,
+                                                         guard_writes=guard)
         return final
 
     def wait_for_checkpoint(self) -> None:
@@ -150,10 +129,7 @@ class Checkpointing:
             raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
-        if if_exists:
-            if not self._checkpoints.has_checkpoint(input_dir):
-                return None
-        return self._checkpoints.load_newest(input_dir, self._state_hooks.run_load, if_exists=if_exists)
+        return self._checkpoints.load(input_dir, self._state_hooks.run_load, if_exists=if_exists)
 
 
 def _pretty_name(obj: Any) -> str:

@@ -24,6 +24,8 @@ from .capabilities import (
                            KeyStream,
                            Replaceable,
                            ShardedArrays,
+                           ShardedLoad,
+                           ShardedRead,
                            ShardedTraining,
                            ShardedWrite,
                            TrainingLoop,
@@ -36,6 +38,7 @@ from .capabilities import (
 from .registry import BackendSpec, available_backends, backend_names, backend_spec
 
 __all__ = ["Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives", "ShardedArrays",
-           "ShardedWrite", "ShardedTraining", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
+           "ShardedLoad", "ShardedRead", "ShardedWrite", "ShardedTraining", "WriteGuards", "ForeignLoaders",
+           "TrainingLoop", "CAPABILITIES",
            "Replaceable", "DeferredArray", "Exported", "FileHashes", "capabilities_of", "require",
            "check_backend_class", "HealthChannel", "BackendSpec", "available_backends", "backend_names", "backend_spec"]

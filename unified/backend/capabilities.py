@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import MissingCapability, see
@@ -29,7 +30,8 @@ from .base import Backend, Exported, FileHashes, HealthChannel, check_backend_cl
 
 __all__ = [
     "Backend", "TrainingObjects", "Autograd", "KeyStream", "DeviceMesh", "ArrayCollectives",
-    "ShardedArrays", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop", "CAPABILITIES",
+    "ShardedArrays", "ShardedLoad", "ShardedRead", "ShardedWrite", "WriteGuards", "ForeignLoaders", "TrainingLoop",
+    "CAPABILITIES",
     "Replaceable", "DeferredArray", "HealthChannel", "Exported", "FileHashes", "check_backend_class",
 ]
 
@@ -137,12 +139,11 @@ class DeferredArray(abc.ABC):
     bytes it hashed in a first pass (a store's private local copy, a folder's file) or read then
     (Orbax). The load then puts the arrays in place one at a time (filled in place, or
     `Replaceable.adopt`) instead of holding a second copy of the process's part of the state.
-    Returned by `ShardedArrays.load_sharded_hashed` when given ``copy_to``, and by
-    `ShardedArrays.load_sharded_deferred`.
+    Returned by `ShardedArrays.load_sharded` when asked to defer (`ShardedLoad.defer`).
 
     Example:
-        >>> restored, hashes = backend.load_sharded_hashed(url, like, copy_to=local_copy)
-        >>> handle.adopt(restored["a0"].make())
+        >>> read = backend.load_sharded(url, like, ShardedLoad(hash_files=True, defer=True, copy_to=local_copy))
+        >>> handle.adopt(read.arrays["a0"].make())
     """
 
     shape: Tuple[int, ...]
@@ -212,23 +213,79 @@ class ShardedWrite:
         return finish() if finish is not None else None
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardedLoad:
+    """What the manager asks of one `ShardedArrays.load_sharded`. Each option is a request: a
+    reader that does not honour one reads the plain way and says so in its `ShardedRead`.
+
+    ``hash_files``: nothing was checked before the read (a backend with ``hashes_while_reading``,
+    or an object store): read into fresh arrays that nothing else holds, and report the size
+    and xxh3 of each file read whole, hashed in the same pass (`ShardedRead.hashes`). The
+    manager compares those with the manifest and hashes every other file before anything is
+    restored. Without it, every file was checked before the call.
+
+    ``defer``: a load in bounded memory. The reader may return `DeferredArray`s (nothing read
+    into an array yet; with ``hash_files`` the files hashed now), which the manager makes and
+    puts in place (`Replaceable.adopt`, or filled in place) one at a time once every check
+    passed, in ``like``'s order (a reader whose reads are collectives may group them by it).
+
+    ``copy_to``: given with ``defer`` on an object store only: ``copy_to(url, size)`` names a new
+    file in a private local folder where an object read whole may be streamed (or None: no room).
+
+    Example:
+        >>> backend.load_sharded(root, like, ShardedLoad(hash_files=True))
+    """
+
+    hash_files: bool = False
+    defer: bool = False
+    copy_to: Optional[Callable[[str, int], Optional[str]]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedRead:
+    """What one `ShardedArrays.load_sharded` read: ``arrays`` (name -> array placed like
+    ``like``'s, or `DeferredArray`) and ``hashes``, the size and xxh3 of each file read whole
+    and hashed in the same pass (empty: none, the manager hashes them all itself; ignored
+    unless `ShardedLoad.hash_files`).
+
+    Example:
+        >>> ShardedRead({"a0": array}).deferred      # the plain read: nothing hashed, nothing deferred
+        False
+    """
+
+    arrays: Dict[str, Any]
+    hashes: FileHashes = dataclasses.field(default_factory=dict)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether any array is a `DeferredArray`, made later by the manager."""
+        return any(isinstance(value, DeferredArray) for value in self.arrays.values())
+
+
 class ShardedArrays(abc.ABC):
     """Arrays whose parts live on several processes: every process writes its own part into
-    ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest.
+    ``sharded.<sharded_format>/`` of a checkpoint (a collective), listed in the manifest, and
+    reads it back with one method, `load_sharded`, whose `ShardedLoad` options it may ignore.
 
     Checksums: the manager hashes every file of that folder unless the backend reports their
     hashes, computed in the pass that wrote or read the bytes (`FileHashes`, names relative to
     the folder): `save_sharded` may return those of the files this process wrote, and a backend
-    with ``hashes_while_reading`` returns from `load_sharded_hashed` those of the files it read
-    whole; the manager compares them with the manifest before anything is restored.
+    with ``hashes_while_reading`` is asked for those of the files it read whole
+    (`ShardedLoad.hash_files`; the manager then only checks the files' sizes before the read);
+    the manager compares them with the manifest before anything is restored.
 
     Object stores: a backend with ``sharded_to_store`` is given an object store's URL as
     ``directory`` as well (``s3://…/sharded.<format>``): it writes and reads there through
     `unified.checkpoint.store` (``location_of(url).write`` streams and hashes each file;
     ``ObjectStore.files / read_range / reading`` for its reader), reports the hashes of every
-    file it wrote, makes no folder, and is read with `load_sharded_hashed` (whatever its
+    file it wrote, makes no folder, and is always read with ``hash_files`` (whatever its
     ``hashes_while_reading``, which is about folders). Without it, `save_state` to a store
-    refuses sharded state before anything is written."""
+    refuses sharded state before anything is written.
+
+    Example (a reader without hashing or bounded reads: the options are requests):
+        >>> def load_sharded(self, directory, like, options):
+        ...     return ShardedRead({key: my_read(directory, key, value) for key, value in like.items()})
+    """
 
     sharded_format: str = "sharded"
     hashes_while_reading: bool = False
@@ -252,33 +309,13 @@ class ShardedArrays(abc.ABC):
         return ShardedWrite(lambda: hashes)
 
     @abc.abstractmethod
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective. The
-        manager has checked every file before (a backend without ``hashes_while_reading``)."""
-
-    def load_sharded_deferred(self, directory: str, like: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-        """`load_sharded` in bounded memory, or None (the default: not offered): nothing read yet,
-        each array a `DeferredArray` that reads it when made (a collective when the reader's are:
-        every process makes them in the same order, ``like``'s, which the reader may group its
-        reads by). The manager checked every file before and checks them again after the last
-        is made."""
-        return None
-
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
-                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
-                            ) -> Tuple[Dict[str, Any], FileHashes]:
-        """`load_sharded` into fresh arrays that nothing else holds, before any file was
-        checked (a backend with ``hashes_while_reading``); also returns the size and xxh3 of
-        each file it read whole, hashed in the same pass. The manager checks those against the
-        manifest and hashes the other files before any object is restored.
-
-        ``copy_to`` given: the manager asks for a load in bounded memory. The reader may then
-        return `DeferredArray`s (hashing the files now, restoring nothing), which the manager
-        makes and puts in place (`Replaceable.adopt`, or filled in place) one at a time once
-        every check passed; on an object store ``copy_to(url, size)`` names a new file in a
-        private local folder where an object read whole may be streamed for that (or None: no
-        room). ``None``: read now (``UNIFIED_IN_PLACE_MIN_BYTES`` above every array)."""
-        return self.load_sharded(directory, like), {}
+    def load_sharded(self, directory: str, like: Mapping[str, Any], options: ShardedLoad) -> ShardedRead:
+        """Read what `save_sharded` wrote, placed like the arrays in ``like``; a collective unless
+        the reader is not one (a hashing reader should not be: its failure is this process's
+        alone, and the manager shares it in its next exchange). ``options`` (`ShardedLoad`) asks
+        for hashes of the files read whole and for a load in bounded memory; a reader that offers
+        neither returns ``ShardedRead(arrays)`` and the manager does the rest (hashes every file,
+        holds the arrays whole until they are restored)."""
 
 
 class WriteGuards(abc.ABC):
@@ -392,6 +429,12 @@ class TrainingLoop(abc.ABC):
         """A context in which the next backward synchronises ``model``'s gradients even inside
         `no_sync` (``accelerator.trigger_sync_in_backward``); a no-op context where gradients
         are not synchronised by the backward."""
+        return contextlib.nullcontext()
+
+    def join_uneven_inputs(self, joinables: Any) -> Any:
+        """A context in which processes that ran out of batches shadow the gradient collectives
+        of those still training (torch's ``Join`` over the prepared ``joinables``, for
+        ``accelerator.join_uneven_inputs``); a no-op context where batches are always even."""
         return contextlib.nullcontext()
 
     # the loss scaler of fp16 training (torch's ``GradScaler``), where there is one

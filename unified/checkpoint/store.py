@@ -15,7 +15,7 @@ own step, as Orbax's atomicity strategies are:
   manifest to ``manifest.json.damaged`` (`ObjectStore.set_aside_damaged`). Files are streamed (multipart
   uploads) and hashed in the same pass; nothing is staged whole on local disk. A load verifies
   each object as it downloads it, into a private local copy when the local disk has room (the
-  manager's `_staging_for`), from which the live arrays are then filled.
+  load's `Placement._copy_for`), from which the live arrays are then filled.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from .manifest import (
     read_manifest,
     write_manifest,
 )
+from .types import Location
 
 _HEAD_BYTES = 1 << 20  # what `ObjectStore.verify` keeps of an object's first bytes: its header, usually
 PART_BYTES = 32 << 20  # one multipart upload part (S3's least is 5 MiB): the memory a file's upload holds
@@ -673,6 +674,6 @@ def _filesystem(url: str) -> Tuple[Any, str]:
                           + see("object-storage-client")) from err
 
 
-def location_of(path: str) -> Any:
+def location_of(path: str) -> Location:
     """The `Location` of a checkpoint path: an `ObjectStore` for a URL, else a `Folder`."""
     return ObjectStore(path) if is_url(path) else Folder()

@@ -403,11 +403,12 @@ def _hold_writer(where: str):
     returned ``release()``; ``wait_reached()`` says whether the writer got there."""
     import threading
 
-    from unified.checkpoint import safetensors_io
+    from unified.checkpoint import safetensors_io, safetensors_write
 
     reached, go = threading.Event(), threading.Event()
-    name = {"file": "write", "chunk": "_pwrite_all"}[where]
-    original = getattr(safetensors_io, name)
+    # the stores write through `safetensors_io.write`; its chunks go through the writer's own `_pwrite_all`
+    module, name = {"file": (safetensors_io, "write"), "chunk": (safetensors_write, "_pwrite_all")}[where]
+    original = getattr(module, name)
 
     def held(*args, **kwargs):
         if threading.current_thread() is not threading.main_thread() and not reached.is_set():
@@ -415,11 +416,11 @@ def _hold_writer(where: str):
             go.wait(60)
         return original(*args, **kwargs)
 
-    setattr(safetensors_io, name, held)
+    setattr(module, name, held)
 
     def release() -> None:
         go.set()
-        setattr(safetensors_io, name, original)
+        setattr(module, name, original)
 
     return (lambda: reached.wait(30)), release
 
@@ -565,7 +566,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
     group's health channel, not from the marker file it would otherwise wait for until the timeout."""
     import errno
 
-    from unified.checkpoint import manager as manager_module
+    from unified.checkpoint import safetensors_io
     from unified.checkpoint import store as store_module
 
     from .training import make
@@ -574,7 +575,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
     state["acc"] = acc
     run = make(acc)
     run.step()
-    real_write, real_marker = manager_module.safetensors_io.write, store_module.Folder.post_report
+    real_write, real_marker = safetensors_io.write, store_module.Folder.post_report
 
     def full_disk(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
@@ -584,7 +585,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
         if acc.is_last_process:
             store_module.Folder.post_report = lambda self, path, report: full_disk(path)
             if case == "full_disk":
-                manager_module.safetensors_io.write = full_disk
+                safetensors_io.write = full_disk
         start = time.monotonic()
         try:
             acc.save_state(_shared(f"async_part_{case}"), async_save=True)
@@ -593,7 +594,7 @@ def ckpt_async_part_failures(state: dict) -> dict:
         except Exception as err:  # noqa: BLE001 - the test wants to see what it was
             result = {"raised": type(err).__name__, "message": str(err)}
         finally:
-            manager_module.safetensors_io.write, store_module.Folder.post_report = real_write, real_marker
+            safetensors_io.write, store_module.Folder.post_report = real_write, real_marker
         result["elapsed"] = time.monotonic() - start
         acc.wait_for_everyone()
         result["left"] = sorted(n for n in os.listdir(_shared()) if f"async_part_{case}" in n)

@@ -198,9 +198,9 @@ def shard_damaged(_: dict) -> dict:
     out["read_apart"] = bool(getattr(backend, "hashes_while_reading", False))
     if out["read_apart"]:
         if acc.process_index == acc.num_processes - 1:
-            def failing(directory, like, copy_to=None):
+            def failing(directory, like, options):
                 raise unified.CheckpointError(f"{directory}: injected read failure")
-            backend.load_sharded_hashed = failing
+            backend.load_sharded = failing
         started = time.monotonic()
         try:
             acc.load_state(_shared("sharded_2"))
@@ -208,7 +208,7 @@ def shard_damaged(_: dict) -> dict:
         except unified.CheckpointError as err:
             out["one_failed"] = str(err)
         finally:
-            backend.__dict__.pop("load_sharded_hashed", None)
+            backend.__dict__.pop("load_sharded", None)
         out["one_failed_s"] = time.monotonic() - started
         out["untouched_by_one_failed"] = _equal(before_p, setup.full_params())
     return out

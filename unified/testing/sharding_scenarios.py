@@ -11,6 +11,7 @@ with ``np.savez``; groups of another size load its checkpoint and compare. No pi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -517,7 +518,7 @@ def _counting_deferred_makes(acc: Accelerator, before_make: Callable[[int], None
     from unified.backend import DeferredArray
 
     backend, counts = acc._backend, {"returned": 0, "made": []}
-    reader = backend.load_sharded_hashed
+    reader = backend.load_sharded
 
     class Counted(DeferredArray):
         def __init__(self, inner: DeferredArray) -> None:
@@ -529,25 +530,17 @@ def _counting_deferred_makes(acc: Accelerator, before_make: Callable[[int], None
             counts["made"][self.index] += 1
             return self.inner.make()
 
-    deferring = backend.load_sharded_deferred
+    def counting(directory, like, options):
+        read = reader(directory, like, options)
+        counts["returned"] += sum(isinstance(v, DeferredArray) for v in read.arrays.values())
+        return dataclasses.replace(read, arrays={k: Counted(v) if isinstance(v, DeferredArray) else v
+                                                 for k, v in read.arrays.items()})
 
-    def counted(arrays):
-        if arrays is None:
-            return None
-        counts["returned"] += sum(isinstance(v, DeferredArray) for v in arrays.values())
-        return {k: Counted(v) if isinstance(v, DeferredArray) else v for k, v in arrays.items()}
-
-    def counting(directory, like, copy_to=None):
-        arrays, hashes = reader(directory, like, copy_to=copy_to)
-        return counted(arrays), hashes
-
-    backend.load_sharded_hashed = counting
-    backend.load_sharded_deferred = lambda directory, like: counted(deferring(directory, like))
+    backend.load_sharded = counting
     try:
         yield counts
     finally:
-        backend.__dict__.pop("load_sharded_hashed", None)
-        backend.__dict__.pop("load_sharded_deferred", None)
+        backend.__dict__.pop("load_sharded", None)
 
 
 def _load_while_sharded_files_change(acc: Accelerator, directory: str) -> Dict[str, Any]:
