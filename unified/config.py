@@ -144,7 +144,8 @@ class DataLoaderConfiguration:
     ``split_batches=False``), read on every process unless ``dispatch_batches=True`` (then process 0
     reads and sends every process its part, as Accelerate's dispatcher: `unified.data.dispatch`;
     ``even_batches`` has no effect there, as in Accelerate), fill the last global batch
-    up (``even_batches=True``, the repeats dropped by `gather_for_metrics`), shuffle by seed and
+    up (``even_batches=True``, the repeats dropped by `gather_for_metrics`; ``False`` leaves a map-style
+    loader's last batch short or absent on some processes, as Accelerate's), shuffle by seed and
     epoch (``use_seedable_sampler``: always, so both values are accepted) and resume from
     their state (always; ``use_stateful_dataloader=True`` also makes the prepared torch loaders
     torchdata ``StatefulDataLoader`` instances, as in Accelerate). ``data_seed`` seeds the loaders' shuffling
@@ -167,17 +168,17 @@ class DataLoaderConfiguration:
 
     # field -> (accepted values, what to do instead)
     _UNSUPPORTED = {
-        "split_batches": ((False,), "pass the per-process batch size (batch_size // num_processes) to your DataLoader"),
+        "split_batches": ((False,), "pass the per-process batch size (batch_size // num_processes) to your DataLoader, "
+                          "or set dispatch_batches=True too"),
         "dispatch_batches": ((None, False, True), "pass None, False or True"),
-        "even_batches": ((True,), "keep even_batches=True; gather_for_metrics drops the repeated samples"),
     }
 
     def check(self) -> None:
         """Raise `NotImplementedError` naming a value unified does not implement."""
         for name, (accepted, instead) in self._UNSUPPORTED.items():
             value = getattr(self, name)
-            if name == "even_batches" and self.dispatch_batches is True:
-                continue  # a dispatched loader does not read it (nor does Accelerate's)
+            if name == "split_batches" and self.dispatch_batches is True:
+                continue  # process 0 reads one batch a step and splits it, as Accelerate's dispatcher
             if value not in accepted:
                 raise NotImplementedError(f"DataLoaderConfiguration({name}={value!r}) is not supported by unified: "
                                           f"{instead}." + see("not-supported-yet"))

@@ -100,6 +100,11 @@ class TorchTrainingLoop(TrainingLoop):
             return sharded
         return model.no_sync() if isinstance(model, DDP) else contextlib.nullcontext()
 
+    def join_uneven_inputs(self, joinables: Any) -> Any:
+        from torch.distributed.algorithms.join import Join
+
+        return Join(joinables, enable=True, throw_on_early_termination=False)
+
     @contextlib.contextmanager
     def sync_in_backward(self, model: Any) -> Any:
         """DDP's gradients reduced by the next backward even inside ``no_sync``, as Accelerate's

@@ -5,12 +5,21 @@ arrays. Containers: dicts (any str/int/float/bool/None keys), lists and tuples. 
 is refused with the path of the offending value, because storing it would need pickle; so are
 states nested deeper than `MAX_DEPTH` and two arrays whose paths coincide (a ``"a/b"`` key
 beside ``"a": {"b": ...}``, or keys ``1`` and ``"1"``), which one array name cannot tell apart.
+
+Batches sent from one process to the others (``dispatch_batches``, `unified.data.dispatch`) use
+the same codec with two options: ``containers=True`` keeps the container classes (a
+``BatchEncoding``, a named tuple; any ``Mapping``) and rebuilds them where their module is
+already imported, never importing anything; ``objects=[...]`` takes every leaf that is not an
+array out of the structure (kept by reference, in order), as Accelerate's dispatcher does. A
+checkpoint's structure never holds either node, and `decode` refuses them unless asked.
 """
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Collection, Dict, Optional, Tuple
+import sys
+from collections.abc import Mapping
+from typing import Any, Callable, Collection, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -23,17 +32,47 @@ _KEY_TYPES = (str, int, float, bool, type(None))
 MAX_DEPTH = 126
 
 
-def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any, Dict[str, Any]]:
-    """Return ``(structure, arrays)``: JSON-ready structure and ``{name: array}``.
+def _class_name(value: Any, plain: type) -> Optional[str]:
+    kind = type(value)
+    return None if kind is plain else f"{kind.__module__}:{kind.__qualname__}"
 
-    Raises `TypeError` naming the path of a value that cannot be stored.
+
+def loaded_class(name: Any, base: type) -> Optional[type]:
+    """The class ``module:qualname`` when its module is already imported here and it is a
+    ``base`` (nothing is imported, nothing else is called); None otherwise.
+
+    Example:
+        >>> loaded_class("collections:OrderedDict", Mapping)
+        <class 'collections.OrderedDict'>
+    """
+    if not isinstance(name, str) or len(name) > 512:
+        return None
+    module, _, qualname = name.partition(":")
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) and issubclass(found, base) else None
+
+
+def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str, *, containers: bool = False,
+           objects: Optional[List[Any]] = None) -> Tuple[Any, Dict[str, Any]]:
+    """Return ``(structure, arrays)``: JSON-ready structure and ``{name: array}`` (in the
+    depth-first order of ``tree``, dicts in their own key order).
+
+    Raises `TypeError` naming the path of a value that cannot be stored. ``containers=True``
+    records container classes other than ``dict``/``list``/``tuple`` (any ``Mapping`` is then a
+    dict); ``objects``, a list, receives every leaf that is not an array (see the module's docstring).
 
     Example:
         >>> structure, arrays = encode({"step": 3, "w": np.zeros(2)}, lambda x: False, "opt")
         >>> structure
         {'step': 3, 'w': {'__array__': 'opt/w', 'kind': 'numpy'}}
+        >>> leaves = []
+        >>> encode((np.zeros(2), "text"), lambda x: False, "b", containers=True, objects=leaves)[0]
+        {'__tuple__': [{'__array__': 'b/0', 'kind': 'numpy'}, {'__object__': 0}]}
     """
     arrays: Dict[str, Any] = {}
+    dicts = Mapping if containers else dict
 
     def array(value: Any, path: str, kind: str) -> Dict[str, str]:
         if path in arrays:
@@ -50,6 +89,14 @@ def encode(tree: Any, is_array: Callable[[Any], bool], prefix: str) -> Tuple[Any
             return array(value, path, "framework")
         if isinstance(value, np.ndarray):
             return array(value, path, "numpy")
+        if objects is not None and not isinstance(value, (dicts, list, tuple)):
+            objects.append(value)
+            return {"__object__": len(objects) - 1}
+        if containers and type(value) not in (dict, list, tuple) and isinstance(value, (dicts, list, tuple)):
+            plain = dict if isinstance(value, dicts) else tuple if isinstance(value, tuple) else list
+            node = walk(plain(value.items()) if plain is dict else plain(value), path, depth + 1)
+            return {"__class__": _class_name(value, plain), "value": node,
+                    "named": isinstance(value, tuple) and hasattr(value, "_fields")}
         if isinstance(value, np.generic):
             return {"__numpy_scalar__": value.dtype.str, "value": value.item()}
         if value is None or isinstance(value, (bool, str)):
@@ -126,14 +173,35 @@ def _items(node: Dict[str, Any], key: str, size: int = 0) -> list:
     return items
 
 
+def _rebuilt(node: Dict[str, Any], value: Any) -> Any:
+    """A container `encode` recorded with its class (``containers=True``), rebuilt as Accelerate
+    rebuilds a batch's containers (``type(x)(...)``) where the class is already imported."""
+    plain = dict if isinstance(value, dict) else tuple if isinstance(value, tuple) else list
+    if not isinstance(value, (dict, list, tuple)):
+        raise _invalid_structure(f"container {_shown(node)}")
+    kind = loaded_class(node["__class__"], Mapping if plain is dict else plain)
+    if kind is None:
+        return value
+    return kind(*value) if node.get("named") else kind(value)
+
+
 def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any], Any],
-           ready: Collection[str] = (), named: Optional[Callable[[Any, str], Any]] = None) -> Any:
+           ready: Collection[str] = (), named: Optional[Callable[[Any, str], Any]] = None, *,
+           containers: bool = False, objects: Optional[List[Any]] = None) -> Any:
     """Rebuild what `encode` took apart; ``to_framework`` converts the framework arrays, except
     those named in ``ready`` (already framework arrays, e.g. restored sharded); ``named``, when
-    given, converts them instead and is also told each array's name.
+    given, converts them instead and is also told each array's name. ``containers`` and
+    ``objects``: as given to `encode` (a recorded class not imported here gives a plain
+    dict, list or tuple).
 
     ``structure`` comes from a manifest and may be hostile: anything `encode` cannot have
-    written (wrong node types, containers nested deeper than `MAX_DEPTH`) raises `CheckpointError`.
+    written (wrong node types, containers nested deeper than `MAX_DEPTH`, the nodes of the two
+    options unless asked for) raises `CheckpointError`.
+
+    Example:
+        >>> structure, arrays = encode({"w": np.zeros(2)}, lambda x: False, "opt")
+        >>> decode(structure, arrays, lambda a: a)
+        {'w': array([0., 0.])}
     """
 
     used = set()
@@ -167,6 +235,15 @@ def decode(structure: Any, arrays: Dict[str, Any], to_framework: Callable[[Any],
             return [walk(v, depth + 1) for v in node]
         if "__array__" in node:
             return array(node)
+        if "__object__" in node and objects is not None:
+            index = node["__object__"]
+            if not (isinstance(index, int) and 0 <= index < len(objects)):
+                raise _invalid_structure(f"object {_shown(index)}")
+            return objects[index]
+        if "__class__" in node and containers:
+            return _rebuilt(node, walk(node.get("value"), depth + 1))
+        if "__object__" in node or "__class__" in node:
+            raise _invalid_structure(f"a node of an option this structure was not decoded with: {_shown(node)}")
         if "__numpy_scalar__" in node:
             return _numpy_scalar(node)
         if "__float__" in node:

@@ -59,6 +59,10 @@ class SurfaceHost(Protocol):
 
     def wait_for_checkpoint(self) -> None: ...
 
+    def wait_for_everyone(self) -> None: ...
+
+    def end_training(self) -> None: ...
+
 
 @dataclass(frozen=True)
 class HostParts:

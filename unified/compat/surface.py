@@ -17,6 +17,7 @@ from ..api.prepared import PREPARED_KINDS
 from ..backend import TrainingLoop
 from ..errors import see
 from .hooks import RemovableHandle
+from .join import uneven_inputs
 from .state import AcceleratorState
 from .unsupported import AbsentFeatures, _unsupported, check_accelerate_kwargs
 
@@ -59,7 +60,10 @@ class AccelerateSurface(AbsentFeatures, _Host):
         Example:
             >>> logger.info(accelerator.state, main_process_only=False)   # doctest: +SKIP
         """
-        return AcceleratorState(self, self._parts.backend)
+        view = self.__dict__.get("_state_view")
+        if view is None:
+            view = self._state_view = AcceleratorState(self, self._parts.backend)
+        return view
 
     # Accelerate's lists of what `prepare` returned, which its tests and some scripts read
     _models = property(lambda self: self._parts.prepared.of("model"))
@@ -300,17 +304,36 @@ class AccelerateSurface(AbsentFeatures, _Host):
         """
         return self._prepare_kind(scheduler, "scheduler", "prepare_scheduler()")
 
+    def join_uneven_inputs(self, joinables: Any, even_batches: Optional[bool] = None) -> Any:
+        """Accelerate's context for processes with different numbers of batches
+        (``DataLoaderConfiguration(even_batches=False)``): torch's ``Join`` over ``joinables`` (the
+        prepared models), so that the processes that ran out shadow the collectives of the others.
+        ``even_batches`` overrides the configuration's for the map-style loaders prepared, within
+        the block (`unified.compat.join.uneven_inputs`).
+
+        Example:
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     for batch in loader:
+            ...         accelerator.backward(model(batch).sum())
+        """
+        loop = self._parts.loop
+        join = loop.join_uneven_inputs if loop is not None else (lambda _: contextlib.nullcontext())
+        return uneven_inputs(joinables, even_batches, self.dataloader_config.even_batches,
+                             self._parts.prepared.of("dataloader"), self.state.distributed_type, join)
+
     def prepare_data_loader(self, data_loader: Any, device_placement: Optional[bool] = None,
                             slice_fn_for_dispatch: Any = None) -> Any:
-        """`prepare` for one data loader (Accelerate's name).
+        """`prepare` for one data loader (Accelerate's name). ``slice_fn_for_dispatch``, with
+        ``dispatch_batches=True``: ``slice_fn(step_batch, slice, process_index=, num_processes=)``
+        picks each process's part of a step (default: its rows); ignored otherwise, as in Accelerate.
 
         Example:
             >>> loader = accelerator.prepare_data_loader(loader)
         """
-        if slice_fn_for_dispatch is not None:
-            raise NotImplementedError("prepare_data_loader(slice_fn_for_dispatch=...) is not supported: unified does "
-                                      "not dispatch batches from one process." + see("not-supported-yet"))
-        return self._prepare_kind(data_loader, "dataloader", "prepare_data_loader()", device_placement)
+        loader = self._prepare_kind(data_loader, "dataloader", "prepare_data_loader()", device_placement)
+        if slice_fn_for_dispatch is not None and hasattr(loader, "slice_fn"):  # a `DispatchedLoader`
+            loader.slice_fn = slice_fn_for_dispatch
+        return loader
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """Write ``obj`` to the path ``f`` on the main process only, as Accelerate's ``save``:

@@ -17,6 +17,9 @@ with ``split_batches=False``, row for row:
 * ``len()`` is ``ceil(len(loader) / P)`` (``len(loader) // P`` with ``drop_last=True``);
 * ``even_batches`` has no effect (Accelerate's dispatcher does not read it either).
 
+With ``split_batches=True`` a step is one batch of the loader (whose ``batch_size`` must divide
+by ``P``), split the same way: ``len()`` is the loader's, and the last step is filled up as above.
+
 Positions count steps. A checkpoint holds the loader's own position in its batches (the
 index arithmetic of unified's loaders: skipped map-style batches are never loaded), the step,
 and the epoch's first ``P`` rows (to fill up its last step after a resume), so a resumed run sees
@@ -26,13 +29,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections.abc import Mapping
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from ..backend import ForeignLoaders
+from ..checkpoint import codec
 from ..checkpoint.safetensors_io import numpy_dtype, safetensors_dtype
 from ..errors import see
 from .layout import BatchLayout, _in_use, resume_position
@@ -64,11 +66,19 @@ class _MainReader(ForeignLoaders):
         return adapt(self, loader, seed) if isinstance(self._backend, ForeignLoaders) else None
 
 
-def dispatched(obj: Any, backend: Any, seed: Optional[int], prepare: Callable[..., Any]) -> Optional[Any]:
+def dispatched(obj: Any, backend: Any, seed: Optional[int], prepare: Callable[..., Any],
+               split_batches: bool = False) -> Optional[Any]:
     """``obj`` prepared with ``dispatch_batches=True`` (a `DispatchedLoader` over what ``prepare``,
     `unified.data.prepare_loader`, makes of it for one process); None when ``obj`` is not a data
     loader. A backend whose step batches are one global array built from every process's part
-    (JAX) refuses it, naming its own way."""
+    (JAX) refuses it, naming its own way. ``split_batches``: each step is one of the loader's
+    batches, whose size must divide by the processes (Accelerate's check and message).
+
+    Example:
+        >>> loader = dispatched(torch_loader, backend, 0, prepare_loader, split_batches=True)  # doctest: +SKIP
+        >>> len(loader) == len(torch_loader)
+        True
+    """
     inner = prepare(obj, _MainReader(backend), seed)
     if inner is None:
         return None
@@ -80,7 +90,11 @@ def dispatched(obj: Any, backend: Any, seed: Optional[int], prepare: Callable[..
             "(or False): prepare() then gives each process its own rows of every global batch, read by that process "
             "(for a stream, its own shards), and gather_for_metrics collects the global batch."
             + see("dispatch-batches-jax"))
-    return DispatchedLoader(inner, backend, bool(getattr(obj, "drop_last", False)))
+    size, p = getattr(inner, "batch_size", None), backend.num_processes
+    if split_batches and isinstance(size, int) and size > 1 and size % p != 0:
+        raise ValueError(f"To use a `DataLoader` in `split_batches` mode, the batch size ({size}) needs to be a round "
+                         f"multiple of the number of processes ({p})." + see("dispatch-batch-types"))
+    return DispatchedLoader(inner, backend, bool(getattr(obj, "drop_last", False)), split_batches)
 
 
 def _map_style(inner: Any) -> bool:
@@ -89,73 +103,44 @@ def _map_style(inner: Any) -> bool:
     return callable(getattr(inner, "epoch_order", None)) and callable(getattr(inner, "batch_indices", None))
 
 
-# -- batches as JSON structure + arrays ----------------------------------------------------------------
-def _class_name(value: Any, plain: type) -> Optional[str]:
-    kind = type(value)
-    return None if kind is plain else f"{kind.__module__}:{kind.__qualname__}"
-
-
-def _loaded_class(name: Optional[str], base: type) -> Optional[type]:
-    """The class ``module:qualname`` when its module is already imported here and it is a ``base``
-    (nothing is imported, nothing else is called)."""
-    if not name:
-        return None
-    module, _, qualname = name.partition(":")
-    found: Any = sys.modules.get(module)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-    return found if isinstance(found, type) and issubclass(found, base) else None
-
-
+# -- batches as JSON structure + arrays: `unified.checkpoint.codec` with the container classes kept ----------
 def _encode(tree: Any, is_array: Callable[[Any], bool]) -> Tuple[Any, List[Any], List[Any]]:
-    """``(structure, arrays, objects)``: ``tree``'s nesting as JSON, its arrays and its other
-    leaves, each in depth-first order (dicts in their own key order, as Accelerate walks them)."""
-    arrays: List[Any] = []
+    """``(structure, arrays, objects)``: ``tree``'s nesting as JSON (`codec.encode` with
+    ``containers=True``), its arrays and its other leaves, each in depth-first order (dicts in
+    their own key order, as Accelerate walks them)."""
     objects: List[Any] = []
+    try:
+        structure, arrays = codec.encode(tree, is_array, "", containers=True, objects=objects)
+    except TypeError as err:
+        raise TypeError(f"a dispatched batch cannot be sent to the other processes: {err}"
+                        + see("dispatch-batch-types")) from err
+    return structure, list(arrays.values()), objects
 
-    def walk(node: Any) -> Any:
-        if is_array(node):
-            arrays.append(node)
-            return {"a": len(arrays) - 1}
-        if isinstance(node, Mapping):
-            keys = list(node)
-            bad = [k for k in keys if not isinstance(k, (str, int, float, bool, type(None)))]
-            if bad:
-                raise TypeError(f"a dispatched batch's dict keys must be str, int, float, bool or None; received "
-                                f"{bad[0]!r}." + see("dispatch-batch-types"))
-            return {"d": [[k, walk(node[k])] for k in keys], "c": _class_name(node, dict)}
-        if isinstance(node, (list, tuple)):
-            kind = "t" if isinstance(node, tuple) else "l"
-            named = isinstance(node, tuple) and hasattr(node, "_fields")
-            return {kind: [walk(v) for v in node], "c": _class_name(node, tuple if kind == "t" else list),
-                    "n": named}
-        objects.append(node)
-        return {"o": len(objects) - 1}
 
-    return walk(tree), arrays, objects
+def _array_names(structure: Any) -> List[str]:
+    """The array names of ``structure``, in the order `_encode` listed the arrays."""
+    names: List[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for value in node:
+                walk(value)
+        elif isinstance(node, dict):
+            if "__array__" in node:
+                names.append(node["__array__"])
+            else:
+                for value in node.values():
+                    walk(value)
+
+    walk(structure)
+    return names
 
 
 def _decode(structure: Any, arrays: List[Any], objects: List[Any]) -> Any:
     """Rebuild what `_encode` took apart; container classes as Accelerate does (``type(x)(...)``)
     where the class is already imported here, else plain dicts, lists and tuples."""
-
-    def walk(node: Dict[str, Any]) -> Any:
-        if "a" in node:
-            return arrays[node["a"]]
-        if "o" in node:
-            return objects[node["o"]]
-        if "d" in node:
-            items = {k: walk(v) for k, v in node["d"]}
-            kind = _loaded_class(node.get("c"), Mapping)
-            return kind(items) if kind is not None else items
-        kind_key = "t" if "t" in node else "l"
-        values = [walk(v) for v in node[kind_key]]
-        kind = _loaded_class(node.get("c"), tuple if kind_key == "t" else list)
-        if kind is None:
-            return tuple(values) if kind_key == "t" else values
-        return kind(*values) if node.get("n") else kind(values)
-
-    return walk(structure)
+    return codec.decode(structure, dict(zip(_array_names(structure), arrays)), lambda a: a, containers=True,
+                        objects=objects)
 
 
 # -- the loader ---------------------------------------------------------------------------------------
@@ -171,8 +156,12 @@ class DispatchedLoader:
         ...     ...
     """
 
-    def __init__(self, inner: Any, backend: Any, drop_last: bool) -> None:
+    def __init__(self, inner: Any, backend: Any, drop_last: bool, split_batches: bool = False) -> None:
         self.inner = inner
+        self.split_batches = split_batches
+        # Accelerate's slice_fn_for_dispatch: slice_fn(step_batch, slice, process_index=, num_processes=)
+        # picks this process's part of a step instead of its rows
+        self.slice_fn: Optional[Callable[..., Any]] = None
         self._backend = backend
         self.drop_last = drop_last
         self.epoch = 0
@@ -200,7 +189,12 @@ class DispatchedLoader:
     @property
     def total_batch_size(self) -> int:
         """Rows of one step over every process: the loader's ``batch_size`` times the processes."""
-        return self.inner.batch_size * self._backend.num_processes
+        return self.inner.batch_size * self._per_step
+
+    @property
+    def _per_step(self) -> int:
+        """The loader's batches that make one step: ``P``, or 1 with ``split_batches``."""
+        return 1 if self.split_batches else self._backend.num_processes
 
     @property
     def total_dataset_length(self) -> int:
@@ -213,7 +207,7 @@ class DispatchedLoader:
             return None
 
     def __len__(self) -> int:
-        m, p = len(self.inner), self._backend.num_processes
+        m, p = len(self.inner), self._per_step
         return m // p if self.drop_last else math.ceil(m / p)
 
     def batch_layout(self) -> Optional[BatchLayout]:
@@ -318,6 +312,9 @@ class DispatchedLoader:
         kept = tuple(max(0, min(b, observed) - a) for a, b in ranges)
         self._layout = BatchLayout(rows, kept)
         start, stop = ranges[rank]
+        if self.slice_fn is not None:
+            return self.slice_fn(_decode(step["tree"], arrays, objects), slice(start, stop), process_index=rank,
+                                 num_processes=p)
         mine = [a[start:stop] for a in arrays]
         return _decode(step["tree"], mine, objects)
 
@@ -330,7 +327,8 @@ class DispatchedLoader:
         if self._pad is not None:
             pad = {"structure": json.dumps(self._pad[0]), "arrays": [np.array(a) for a in self._pad[1]]}
         return {"dispatch_batches": True, "epoch": self.epoch, "position": self.position, "num_processes": p,
-                "batches_seen": self.position * p, "loader": inner, "first_rows": pad, "ended": ended}
+                "batches_per_step": self._per_step, "batches_seen": self.position * self._per_step, "loader": inner,
+                "first_rows": pad, "ended": ended}
 
     def check_state_dict(self, state: Dict[str, Any]) -> None:
         """See `unified.data.PreparedDataLoader.check_state_dict`."""
@@ -344,6 +342,7 @@ class DispatchedLoader:
             raise ValueError("the checkpoint's data loader was not prepared with dispatch_batches=True; prepare the "
                              "same kind of loader as in the run that saved it." + see("dispatch-resume"))
         p, saved = self._backend.num_processes, int(state["num_processes"])
+        saved_step = int(state.get("batches_per_step", saved))
         known = self._inner_length()
 
         def steps(per_step: int) -> Any:
@@ -351,8 +350,9 @@ class DispatchedLoader:
                 return math.inf
             return known // per_step if self.drop_last else math.ceil(known / per_step)
 
-        epoch, position = resume_position(int(state["epoch"]), int(state["batches_seen"]), saved, p, steps,
-                                          f"{p} processes (each step takes {p} of the loader's batches)")
+        per_step = self._per_step
+        epoch, position = resume_position(int(state["epoch"]), int(state["batches_seen"]), saved_step, per_step, steps,
+                                          f"{p} processes (each step takes {per_step} of the loader's batches)")
         pad = state.get("first_rows")
         stream = not _map_style(self.inner)  # (a map-style loader reads them again)
         if stream and position > 0 and pad is not None and p > saved and len(pad["arrays"][0]) < p:
@@ -440,7 +440,7 @@ class _Reader:
 
     def _group(self) -> List[Any]:
         group: List[Any] = []
-        for _ in range(self.loader._backend.num_processes):
+        for _ in range(self.loader._per_step):
             try:
                 group.append(self._next())
             except StopIteration:
@@ -452,22 +452,22 @@ class _Reader:
         map-style loader moves by index arithmetic (only the epoch's first step is read, for its
         first rows)."""
         loader = self.loader
-        p = loader._backend.num_processes
+        p, per_step = loader._backend.num_processes, loader._per_step
         while loader.position < target:
             have_rows = loader.position > 0 or loader.drop_last or loader._pad is not None
             if have_rows and _map_style(loader.inner) and loader._ahead is None:
                 self.close()
                 length = len(loader.inner)
-                loader.inner.position = min(length, target * p)
+                loader.inner.position = min(length, target * per_step)
                 loader.position = min(target, len(loader))
                 break
             group = self._group()
-            if not group or (loader.drop_last and len(group) < p):
+            if not group or (loader.drop_last and len(group) < per_step):
                 break
             if loader.position == 0 and not loader.drop_last:
                 loader._pad = _first_rows(_concatenated(group, loader._backend), p)
             loader.position += 1
-            if len(group) < p:
+            if len(group) < per_step:
                 break
         return loader.position
 
@@ -475,9 +475,9 @@ class _Reader:
         """The next step: read, concatenated, filled up at the end; its description for every
         process (its arrays in ``self.arrays``)."""
         loader = self.loader
-        backend, p = loader._backend, loader._backend.num_processes
+        backend, p, per_step = loader._backend, loader._backend.num_processes, loader._per_step
         group = self._group()
-        if not group or (loader.drop_last and len(group) < p):
+        if not group or (loader.drop_last and len(group) < per_step):
             return {"end": True}
         structure, arrays, objects = _concatenated(group, backend)
         if objects and p > 1:
@@ -490,9 +490,9 @@ class _Reader:
         observed = int(arrays[0].shape[0])
         if loader.position == 0 and not loader.drop_last and loader._pad is None:
             loader._pad = _first_rows((structure, arrays, objects), p)
-        last = len(group) < p
+        last = len(group) < per_step
         if not last:  # Accelerate reads ahead: the step is the last when the next would be empty (or dropped)
-            need = p if loader.drop_last else 1
+            need = per_step if loader.drop_last else 1
             known = loader._inner_length()
             last = known - loader.inner.position < need if known is not None else self._read_ahead(need)
         padded = last and not loader.drop_last and observed % p != 0
@@ -523,14 +523,18 @@ def _own_rows(batch: Any, loader: DispatchedLoader) -> Any:
     return batch
 
 
-def _first_leaf_is_object(structure: Dict[str, Any]) -> bool:
+def _first_leaf_is_object(structure: Any) -> bool:
+    """Whether the first leaf of an encoded batch is not an array (Accelerate finds the batch size there)."""
     node = structure
     while True:
-        if "a" in node:
+        if isinstance(node, dict) and "__array__" in node:
             return False
-        if "o" in node:
-            return True
-        children = [v for _, v in node["d"]] if "d" in node else node.get("t", node.get("l", []))
+        if isinstance(node, dict):
+            children = ([node["value"]] if "__class__" in node else node["__tuple__"] if "__tuple__" in node
+                        else [v for _, v in node["__dict__"]] if "__dict__" in node
+                        else [] if "__object__" in node else list(node.values()))
+        else:
+            children = node if isinstance(node, list) else []
         if not children:
             return True
         node = children[0]

@@ -106,6 +106,9 @@ class PreparedDataLoader:
         self._layout: Optional[BatchLayout] = None
         # global batches collated and placed ahead in a background thread (unified.DataLoader(prefetch=...))
         self.prefetch = int(getattr(source, "prefetch", 0) or 0)
+        # Accelerate's even_batches: False leaves the epoch's last global batch as it is (no repeats),
+        # so a process may get a shorter last batch, or one batch fewer (`uneven`)
+        self.even_batches = True
 
     # -- the order --------------------------------------------------------------------------------
     @property
@@ -118,7 +121,11 @@ class PreparedDataLoader:
 
     def __len__(self) -> int:
         n, g = self.num_samples(), self.global_batch_size
-        return n // g if self.drop_last else math.ceil(n / g)
+        if self.drop_last:
+            return n // g
+        if not self.even_batches:  # global batches holding at least one of this process's samples
+            return max(0, math.ceil((n - self._backend.process_index * self.batch_size) / g))
+        return math.ceil(n / g)
 
     def epoch_order(self, epoch: int) -> Any:
         """The epoch's global sample order: ``order[i]`` is the ``i``-th sample of the epoch."""
@@ -139,14 +146,20 @@ class PreparedDataLoader:
         offset = self._backend.process_index * b
         for k in range(first, len(self)):
             start = k * g + offset
-            yield order[start:start + b].tolist() if start + b <= n else self.batch_indices(order, k)
+            if start + b <= n:
+                yield order[start:start + b].tolist()
+            else:  # the epoch's end: filled up with its first samples, or left short (even_batches=False)
+                yield self.batch_indices(order, k) if self.even_batches else order[start:n].tolist()
 
     def padding_in_batch(self, batch: int) -> int:
         """How many trailing samples of global batch ``batch`` repeat the epoch's first samples."""
+        if not self.even_batches:
+            return 0
         return max(0, (batch + 1) * self.global_batch_size - self.num_samples())
 
     def _layout_of(self, order: Any, batch: int) -> BatchLayout:
-        return _tail_layout(batch * self.global_batch_size, len(order), self.batch_size, self._backend.num_processes)
+        layout = _tail_layout(batch * self.global_batch_size, len(order), self.batch_size, self._backend.num_processes)
+        return layout if self.even_batches else BatchLayout(layout.kept, layout.kept)
 
     def _layout_in_use(self, order: Any, batch: int, placed: Any) -> BatchLayout:
         """The `BatchLayout` of global batch ``batch`` once this process's part, ``placed``, is loaded
@@ -285,18 +298,46 @@ def _prepare(source: Any, backend: Placement, seed: Optional[int]) -> Any:
     return kind(source, backend, seed)
 
 
+def uneven(prepared: Any, backend: Any) -> Any:
+    """``prepared`` with Accelerate's ``even_batches=False`` (`prepare_loader`); returns it.
+
+    A map-style loader (any `PreparedDataLoader`, samplers and batch samplers included) then
+    leaves the epoch's last global batch as it is: the processes past its end get a shorter
+    batch or none (Accelerate's ``BatchSamplerShard(even_batches=False)``, batch for batch). A
+    loader over iterable data keeps its own even end, as in Accelerate, which reads
+    ``even_batches`` for map-style data only.
+
+    Example:
+        >>> loader = uneven(prepare_loader(DataLoader(range(3)), backend, 0), backend)  # doctest: +SKIP
+        >>> [len(b) for b in loader]   # process 0: [1, 1]; process 1: [1]
+    """
+    if isinstance(prepared, PreparedDataLoader):
+        if getattr(backend, "uneven_batches", True) is False:
+            raise NotImplementedError(
+                f"DataLoaderConfiguration(even_batches=False) is not supported by the "
+                f"{getattr(backend, 'name', type(backend).__name__)!r} backend: each step's batch there is one global "
+                "array over every process, so every process needs a batch of the same size. Keep even_batches=True "
+                "(gather_for_metrics drops the repeated samples)." + see("not-supported-yet"))
+        prepared.even_batches = False
+    return prepared
+
+
 def prepare_loader(obj: Any, backend: Backend, seed: Optional[int], stateful: bool = False,
-                   dispatch: bool = False) -> Optional[Any]:
+                   dispatch: bool = False, even_batches: bool = True, split_batches: bool = False) -> Optional[Any]:
     """The prepared form of a `DataLoader`, a Grain loader or dataset (`unified.data.streams`), or
     what the backend adapts (a ``torch.utils.data.DataLoader``); None otherwise.
 
     ``stateful`` (``DataLoaderConfiguration(use_stateful_dataloader=True)``): a loader the backend
     adapts comes back as a torchdata ``StatefulDataLoader`` too, as in Accelerate (`unified.data.stateful`).
     ``dispatch`` (``DataLoaderConfiguration(dispatch_batches=True)``): process 0 reads the loader and
-    sends every process its part of each step (`unified.data.dispatch`).
+    sends every process its part of each step (`unified.data.dispatch`; ``even_batches`` has no
+    effect there, as in Accelerate; ``split_batches`` splits each of the loader's batches over the
+    processes instead of sending each its own). ``even_batches=False``: see `uneven`.
     """
+    if not even_batches and not dispatch:
+        return uneven(prepare_loader(obj, backend, seed, stateful), backend)
     if dispatch:
-        prepared = dispatched(obj, backend, seed, prepare_loader)
+        prepared = dispatched(obj, backend, seed, prepare_loader, split_batches)
         wrap = stateful and prepared is not None and not isinstance(obj, DataLoader)
         return as_stateful(prepared, obj) if wrap else prepared
     if isinstance(obj, DataLoader):

@@ -170,6 +170,18 @@ class _DrawnEpochs:
         the sampler's orders agree (see `OrderSource.agree`), however its generators were seeded."""
         self._source.agree(lambda value: exchange.broadcast_json(value, operation="prepare_loader"))
 
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` at the next iteration. Its order is drawn now (once), so the sampler's own
+        ``set_epoch`` runs right away, as Accelerate's ``DataLoaderShard.set_epoch`` calls it.
+
+        Example:
+            >>> loader.set_epoch(1)           # doctest: +SKIP
+            >>> batch_sampler.epoch
+            1
+        """
+        super().set_epoch(epoch)  # type: ignore[misc]  # the loader's (`PreparedDataLoader.set_epoch`)
+        self._draw(int(epoch))
+
     def _draw(self, epoch: int) -> _Drawn:
         if self._drawn is not None and self._drawn.epoch == epoch:
             return self._drawn

@@ -64,7 +64,11 @@ class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
 
     def __len__(self) -> int:
         m, p = self.num_batches(), self._backend.num_processes
-        return m // p if self.drop_last else math.ceil(m / p)
+        if self.drop_last:
+            return m // p
+        if not self.even_batches:  # the batches k*P + r that exist (Accelerate's BatchSamplerShard)
+            return max(0, math.ceil((m - self._backend.process_index) / p))
+        return math.ceil(m / p)
 
     def epoch_order(self, epoch: int) -> Any:
         return self._draw(epoch).items
@@ -95,7 +99,8 @@ class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
         picks = self._step(order, batch)
         first = batch * self._backend.num_processes
         rows = tuple(len(order[j]) for j in picks)
-        return BatchLayout(rows, tuple(r if first + i < m else 0 for i, r in enumerate(rows)))
+        kept = tuple(r if first + i < m else 0 for i, r in enumerate(rows))
+        return BatchLayout(rows if self.even_batches else kept, kept)
 
     def padding_in_batch(self, batch: int) -> int:
         """How many samples of step ``batch`` repeat batches of the epoch's start."""
@@ -148,9 +153,11 @@ class ItemSampledLoader(BatchSampledLoader):
     ``BatchSampler``'s, that step is dropped). Positions count steps; a resume or
     `skip_first_batches` loads no skipped item.
 
-    An item's rows are known only once it is loaded: on the step that repeats items, the
-    processes tell each other their rows (one small collective, on every process at that step),
-    so that `batch_layout` marks the repeats and `gather_for_metrics` counts every item once.
+    An item that is a list of indices (a ``BatchSampler`` as the sampler) has that many rows, known
+    to every process. Another item's rows are known only once it is loaded: on the epoch's last
+    step (where a short item or repeated items are) the processes tell each other their rows (one
+    small collective, on every process at that step), so that `batch_layout` marks the repeats and
+    `gather_for_metrics` counts every item once, also when the last items are shorter.
 
     Example:
         >>> loader = accelerator.prepare(torch.utils.data.DataLoader(batches, batch_size=None))  # doctest: +SKIP
@@ -183,7 +190,8 @@ class ItemSampledLoader(BatchSampledLoader):
     def _layout_of(self, order: Any, batch: int) -> BatchLayout:
         """The layout of step ``batch`` counted in items: one per process, none kept where it repeats."""
         p, m = self._backend.num_processes, len(order)
-        return BatchLayout((1,) * p, tuple(1 if batch * p + r < m else 0 for r in range(p)))
+        kept = tuple(1 if batch * p + r < m else 0 for r in range(p))
+        return BatchLayout((1,) * p if self.even_batches else kept, kept)
 
     def _layout_in_use(self, order: Any, batch: int, placed: Any) -> BatchLayout:
         items, p = self._layout_of(order, batch), self._backend.num_processes
@@ -191,10 +199,14 @@ class ItemSampledLoader(BatchSampledLoader):
             mine = rows_of(placed)
         except ValueError:  # no array in it: the item counts as one row
             mine = 1
-        if not items.repeats:
-            return BatchLayout((mine,) * p, (mine,) * p)
-        rows = ((mine,) * p if self._exchange is None or p == 1 else
-                tuple(int(n) for n in self._exchange.all_gather_json(mine, operation="item_rows")))
+        picks = self._step(order, batch)
+        if all(isinstance(order[j], (list, tuple)) for j in picks):  # index lists: every process knows the rows
+            rows = tuple(len(order[j]) for j in picks)
+        elif (not items.repeats and batch < len(self) - 1) or not self.even_batches or self._exchange is None \
+                or p == 1:  # (a short item is the epoch's last, as a batch sampler's; even_batches=False: no peers)
+            rows = (mine,) * p
+        else:
+            rows = tuple(int(n) for n in self._exchange.all_gather_json(mine, operation="item_rows"))
         return BatchLayout(rows, tuple(n * k for n, k in zip(rows, items.kept)))
 
     def state_dict(self) -> Dict[str, Any]:

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
+from ..errors import see
 from .base import GeneralTracker, logger, warn_not_logged
 
 
@@ -41,7 +42,7 @@ class MLflowTracker(GeneralTracker):
         self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
         self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
         self.tags = tags
-        self.nested_run = nested_run
+        self.nested_run = _flag(os.environ.get("MLFLOW_NESTED_RUN"), nested_run)  # the variable wins, as Accelerate's
         self.run_name = run_name
         self.description = description
         self.logging_dir = os.path.abspath(os.fspath(logging_dir) if logging_dir is not None else os.getcwd())
@@ -239,3 +240,22 @@ def _create_database_whole(database: str) -> None:
         pid = leftover.name[len(name) + 5:].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             leftover.unlink(missing_ok=True)
+
+
+def _flag(text: Optional[str], default: bool) -> bool:
+    """An environment variable read as Accelerate's ``str_to_bool`` (``"False"``, ``"0"``, ``"off"``
+    are False); ``default`` when it is unset.
+
+    Example:
+        >>> _flag("off", True), _flag(None, True), _flag("Yes", False)
+        (False, True, True)
+    """
+    if text is None:
+        return bool(default)
+    value = text.strip().lower()
+    if value in ("y", "yes", "t", "true", "on", "1"):
+        return True
+    if value in ("n", "no", "f", "false", "off", "0"):
+        return False
+    raise ValueError(f"MLFLOW_NESTED_RUN={text!r}: expected a truth value (true/false, yes/no, on/off, 1/0)."
+                     + see("mlflow-nested-run"))

@@ -141,8 +141,9 @@ def resolve_log_with(log_with: Any, logging_dir: Optional[str]) -> List[Union[st
     for name in names:
         if TRACKERS[name].requires_logging_directory and logging_dir is None:
             raise ValueError(
-                f"Logging with {name!r} needs a logging directory: pass Accelerator(project_dir=...) or "
-                "ProjectConfiguration(logging_dir=...)." + see("tracker-needs-logging-dir"))
+                f"Logging with {name!r} needs a logging directory (Accelerate: \"Logging with `{name}` requires a "
+                "`logging_dir`\"): pass Accelerator(project_dir=...) or ProjectConfiguration(logging_dir=...)."
+                + see("tracker-needs-logging-dir"))
     return [*names, *instances]
 
 

@@ -70,6 +70,21 @@ class GradientState:
     end_of_dataloader: bool = False  # the last yielded batch was its loader's last
     # the prepared optimizers' verdicts on their last step (fp16: skipped on inf/NaN)
     step_skipped: List[Callable[[], bool]] = field(default_factory=list)
+    # the Accelerator's record of the prepared loaders being iterated (`ActiveLoaders`), and the
+    # end flag each running loader reported last (an inner loop's end is not the outer loop's)
+    loaders: Optional[Any] = field(default=None, repr=False, compare=False)
+    _ends: Dict[int, bool] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def active_dataloader(self) -> Optional[Any]:
+        """The prepared loader being iterated (the innermost of nested loops), None outside any
+        (Accelerate's ``GradientState.active_dataloader``)."""
+        return self.loaders.innermost() if self.loaders is not None else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """Whether a prepared loader is being iterated (Accelerate's ``GradientState.in_dataloader``)."""
+        return self.active_dataloader is not None
 
     def advance(self) -> None:
         """One more micro-batch: close the window on the N-th one or at a loader's end."""
@@ -85,6 +100,16 @@ class GradientState:
     def saw_batch(self, last: bool) -> None:
         """Called by a prepared loader as it yields a batch (``last``: its final one)."""
         self.end_of_dataloader = bool(last)
+        if self.active_dataloader is not None:
+            self._ends[id(self.active_dataloader)] = bool(last)
+
+    def left_loader(self, loader: Any) -> None:
+        """A prepared loader's iteration ended: inside an outer loop, ``end_of_dataloader`` is the
+        outer loader's again (Accelerate reads it from the active loader)."""
+        self._ends.pop(id(loader), None)
+        outer = self.active_dataloader
+        if outer is not None:
+            self.end_of_dataloader = self._ends.get(id(outer), False)
 
     @property
     def optimizer_step_skipped(self) -> bool:
