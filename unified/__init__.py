@@ -30,6 +30,7 @@ from .errors import (
 )
 from .logging import get_logger, tqdm
 from .runtime.preemption import PREEMPTED_EXIT_CODE
+from .training.parallelism import ParallelismConfig
 from .training.sharding import FullyShardedDataParallelPlugin
 
 __version__ = "0.1.0"
@@ -49,6 +50,7 @@ __all__ = [
     "DistributedError",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
+    "ParallelismConfig",
     "MissingCapability",
     "PREEMPTED_EXIT_CODE",
     "ProjectConfiguration",

@@ -22,6 +22,7 @@ from .compat.surface import AccelerateSurface
 from .compat.unsupported import check_accelerate_kwargs
 from .config import DataLoaderConfiguration, DistributedType, ProjectConfiguration, local_folder
 from .data import prepare_loader, skip_first_batches
+from .data.layout import data_ranks
 from .errors import CheckpointError, see
 from .runtime.collectives import Collectives
 from .runtime.environment import restart_count
@@ -31,6 +32,7 @@ from .runtime.watchdog import Watchdog
 from .tracking.registry import TrackerSet
 from .training.loop import GradientState, LoopSettings, resolve_accumulation_steps, resolve_mixed_precision
 from .training.metrics import Metrics
+from .training.parallelism import MeshPlace, ParallelismConfig, check_parallelism, sharding_plugin
 from .training.sharding import FullyShardedDataParallelPlugin
 
 __all__ = ["Accelerator"]
@@ -60,6 +62,10 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             see `init_trackers`.
         fsdp_plugin: a `unified.FullyShardedDataParallelPlugin`: ``prepare`` shards models and
             optimizer state over every process instead of replicating them (docs/sharding.md).
+        parallelism_config: a `unified.ParallelismConfig` (Accelerate's): a named mesh of
+            ``dp_replicate`` x ``dp_shard`` x ``tp`` over the processes; ``prepare`` applies tensor
+            parallelism (the model's ``tp_plan``) and FSDP2 / HSDP over it, and prepared loaders
+            give every process of one tensor-parallel group the same batches (docs/parallelism.md).
         step_scheduler_with_optimizer: as in Accelerate: True steps a prepared LR scheduler only
             when the optimizer stepped (``num_processes`` times); False once per ``step()``.
         kwargs_handlers: Accelerate's `unified.compat.kwargs_handlers` (DDP's, ``GradScaler``'s and
@@ -93,6 +99,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         gradient_accumulation_steps: int = 1,
         log_with: Any = None,
         fsdp_plugin: Optional[FullyShardedDataParallelPlugin] = None,
+        parallelism_config: Optional[ParallelismConfig] = None,
         handle_preemption: Optional[bool] = None,
         preemption_signals: Optional[Union[str, Sequence[Union[str, int]]]] = None,
         dataloader_config: Optional[DataLoaderConfiguration] = None,
@@ -120,8 +127,11 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             self._backend = create_backend(resolve_backend_name(backend))
         self._loop = _loop_backend(self._backend, self.mixed_precision, self.gradient_state.num_steps)
         _check_handlers(self._backend, [self.ddp_handler, self.scaler_handler, self.autocast_handler])
-        self.fsdp_plugin = _sharding_backend(self._backend, fsdp_plugin)
+        self.parallelism_config: Optional[ParallelismConfig] = parallelism_config
+        self.fsdp_plugin = _sharding_backend(self._backend, sharding_plugin(parallelism_config, fsdp_plugin,
+                                                                            FullyShardedDataParallelPlugin))
         self._backend.start(float(timeout))
+        self._mesh_place = _parallelism_backend(self._backend, parallelism_config, fsdp_plugin is not None)
         self._collectives = Collectives(self._backend, timeout)
         self._watchdog = self._start_watchdog(float(timeout))
         self._trigger = False
@@ -160,6 +170,10 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         self._prepared = PreparedObjects(untrack=self._untrack_prepared)
         self._state_hooks = StateHooks(self._prepared, self._backend, self._collectives)
         self._metrics = Metrics(self._collectives)
+        self.gradient_state.loaders = self._metrics.active  # gradient_state.active_dataloader
+        self._metrics.active.on_left = self.gradient_state.left_loader
+        if self._mesh_place is not None:  # a tensor-parallel group reads one batch: counted once
+            self._metrics.same_batch = self.num_processes // self._mesh_place.data_size
         if self._loop is not None:
             self._loop.configure_loop(LoopSettings(
                 self.mixed_precision, self.gradient_state, self.num_processes, self.step_scheduler_with_optimizer,
@@ -231,7 +245,8 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
     @property
     def mesh(self) -> Any:
         """The device mesh over every device of the group (JAX: a ``jax.sharding.Mesh`` with one
-        axis named ``"data"``).
+        axis named ``"data"``; with ``parallelism_config``, the axes ``"dp_replicate"``,
+        ``"dp_shard"``, ``"tp"``: docs/parallelism.md).
 
         It is the mesh `prepare` places models and optimizers on and prepared loaders shard
         batches over, so shardings built on it match the backend's.
@@ -247,6 +262,51 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             ('data',)
         """
         return require(self._backend, DeviceMesh, "accelerator.mesh").mesh
+
+    # -- parallelism (Accelerate's names; unified.training.parallelism) ---------------------------
+    @property
+    def torch_device_mesh(self) -> Any:
+        """torch's ``DeviceMesh`` of ``parallelism_config`` (dimensions ``dp_replicate``,
+        ``dp_shard``, ``tp`` and the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``); None without
+        one, with one process, or on JAX (there `mesh` is the named ``jax.sharding.Mesh``).
+
+        Example:
+            >>> accelerator.torch_device_mesh["tp"].size()   # doctest: +SKIP
+            2
+        """
+        return getattr(self._backend, "parallel_mesh", None)
+
+    def _mesh_rank(self, dimension: str, what: str) -> int:
+        if self._mesh_place is None:
+            return self._no_parallelism(what)
+        return self._mesh_place.coordinates[dimension]
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's rank along ``dp_replicate`` (0 when it is not enabled); as Accelerate,
+        a `RuntimeError` without ``parallelism_config``. The rank prepared loaders follow (the
+        flattened ``dp``) is ``data_parallel_rank * dp_shard_size + data_parallel_shard_rank``.
+
+        Example:
+            >>> accelerator.data_parallel_rank   # doctest: +SKIP
+            1
+        """
+        return self._mesh_rank("dp_replicate", "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's rank along ``dp_shard`` (0 when it is not enabled)."""
+        return self._mesh_rank("dp_shard", "Shard-based data parallelism")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's rank along ``tp`` (0 when it is not enabled)."""
+        return self._mesh_rank("tp", "Tensor parallelism")
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """True when models are sharded with FSDP2 (Accelerate's ``is_fsdp2``)."""
+        return self.fsdp_plugin is not None
 
     @property
     def restart_count(self) -> int:
@@ -294,8 +354,15 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
             return obj  # prepared already: the same object, tracked once
         seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
         config = self.dataloader_config
-        loader = prepare_loader(obj, self._backend, seed, stateful=config.use_stateful_dataloader,
-                                dispatch=config.dispatch_batches is True)
+        if config.dispatch_batches is True and self._mesh_place is not None \
+                and self._mesh_place.data_size != self.num_processes:
+            raise NotImplementedError("DataLoaderConfiguration(dispatch_batches=True) with tensor parallelism "
+                                      "(tp_size > 1) is not supported (as in Accelerate): leave dispatch_batches "
+                                      "out; every process of a tensor-parallel group then reads the same batches."
+                                      + see("parallelism-config"))
+        loader = prepare_loader(obj, data_ranks(self._backend, self._mesh_place), seed,
+                                stateful=config.use_stateful_dataloader, dispatch=config.dispatch_batches is True,
+                                even_batches=config.even_batches, split_batches=config.split_batches)
         if loader is not None:
             connect = getattr(loader, "connect", None)
             if callable(connect):  # collectives the loader needs: a sampler's own seed agreed, a stream's steps
@@ -488,6 +555,22 @@ def _sharding_backend(backend: Backend, plugin: Optional[FullyShardedDataParalle
                         + see("fsdp-plugin"))
     require(backend, ShardedTraining, "Accelerator(fsdp_plugin=...)").configure_sharding(plugin)
     return plugin
+
+
+def _parallelism_backend(backend: Backend, config: Optional[ParallelismConfig], user_plugin: bool
+                         ) -> Optional[MeshPlace]:
+    """Fit ``config`` to the joined group and hand it to the backend, which builds its named
+    mesh; where this process sits on it (its data-parallel rank), or None without a config."""
+    if config is None:
+        return None
+    check_parallelism(config, backend.num_processes, user_plugin)
+    configure = getattr(backend, "configure_parallelism", None)
+    if not callable(configure):
+        raise NotImplementedError(f"Accelerator(parallelism_config=...) needs a backend with a named device mesh; "
+                                  f"the {backend.name!r} backend has none (configure_parallelism). Leave "
+                                  "parallelism_config out." + see("parallelism-config"))
+    configure(config)
+    return config.place_of(backend.process_index)
 
 
 def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[TrainingLoop]:

@@ -25,12 +25,14 @@ from .config import DataLoaderConfiguration, DistributedType, GradientAccumulati
 from .logging import tqdm
 from .runtime.rng import set_seed
 from .tracking import LoggerType
+from .training.parallelism import ParallelismConfig
+from .training.sharding import FullyShardedDataParallelPlugin
 
 __all__ = ["set_seed", "ProjectConfiguration", "DataLoaderConfiguration", "GradientAccumulationPlugin",
            "DistributedType", "LoggerType", "tqdm", "KwargsHandler", "DistributedDataParallelKwargs",
            "GradScalerKwargs", "InitProcessGroupKwargs", "AutocastKwargs", "gather_object", "broadcast_object_list",
            "gather", "reduce", "broadcast", "pad_across_processes", "release_memory", "find_executable_batch_size",
-           "patch_environment"]
+           "patch_environment", "ParallelismConfig", "FullyShardedDataParallelPlugin"]
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from . import private
 from .control import JaxControlPlane, _Caller
 from .data import JaxData
 from .loop import JaxTrainingLoop
+from .mesh import JaxParallelism
 from .sharding import JaxSharding
 from .tensors import check_like, host_copy, is_global, is_key, local_value, place, reshard, shares_memory
 
@@ -58,7 +59,7 @@ def _detach_runtime() -> None:
 
 
 class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, DeviceMesh, ArrayCollectives,
-                 JaxTrainingLoop, JaxSharding):
+                 JaxTrainingLoop, JaxSharding, JaxParallelism):
     """jax.distributed started from the launcher's variables, JAX's cluster detection, or alone."""
 
     name = "jax"
@@ -224,7 +225,8 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
     # -- training objects ------------------------------------------------------------------------------
     @property
     def mesh(self) -> Any:
-        """A 1-D data-parallel mesh over every process's devices, axis ``"data"``."""
+        """A 1-D data-parallel mesh over every process's devices, axis ``"data"``; with a
+        `unified.ParallelismConfig`, its named mesh (`backends.jax.mesh`)."""
         if self._mesh is None:
             from jax.sharding import Mesh
 
@@ -277,6 +279,10 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         from jax.sharding import NamedSharding, PartitionSpec
 
         replicated = NamedSharding(self.mesh, PartitionSpec())
+        if self._parallel_config is not None:  # a ParallelismConfig: the annotations name its axes
+            from .sharding import annotations
+
+            return self.parallel_placement(annotations(obj))
         if self._shard_plugin is None:
             return lambda like, path: replicated
         from .sharding import annotations, partition_spec

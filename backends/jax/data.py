@@ -24,13 +24,17 @@ class JaxData(ForeignLoaders):
         return prepare_torch_loader(self, loader, seed)  # works here too, yielding jax.Arrays
 
     def place_batch(self, batch: Any) -> Any:
-        """Global `jax.Array`s sharded over the processes along axis 0 (``"data"``)."""
-        from jax.sharding import NamedSharding, PartitionSpec
+        """Global `jax.Array`s sharded over the processes along axis 0 (``"data"``; with a
+        `unified.ParallelismConfig`, over its data axes and replicated over ``tp``:
+        `backends.jax.mesh`)."""
+        sharding, ranks = self.data_sharding()
 
-        sharding = NamedSharding(self.mesh, PartitionSpec("data"))
-        return jax.tree_util.tree_map(
-            lambda leaf: jax.make_array_from_process_local_data(sharding, np.asarray(_numpy_leaf(leaf))), batch
-        )
+        def place(leaf: Any) -> Any:
+            local = np.asarray(_numpy_leaf(leaf))
+            shape = (local.shape[0] * ranks,) + local.shape[1:] if local.ndim else None
+            return jax.make_array_from_process_local_data(sharding, local, shape)
+
+        return jax.tree_util.tree_map(place, batch)
 
 
 def _numpy_leaf(value: Any) -> Any:

@@ -30,6 +30,7 @@ from . import private
 from .control import TorchControlPlane
 from .data import TorchData
 from .loop import PreparedScheduler, TorchTrainingLoop
+from .mesh import TorchParallelism
 from .sharding import TorchSharding
 from .tensors import SAFETENSORS_DTYPES, export_contiguous, export_tensor, storable, tensor_from_numpy, whole_local
 
@@ -55,7 +56,7 @@ def _bind_gloo_to_the_route_to_the_main_process() -> None:
 
 
 class TorchBackend(TorchControlPlane, TorchData, Backend, TrainingObjects, Autograd, ArrayCollectives, WriteGuards,
-                   TorchTrainingLoop, TorchSharding):
+                   TorchTrainingLoop, TorchSharding, TorchParallelism):
     """torch.distributed started from torchrun's environment (or one plain process); FSDP2 with
     ``Accelerator(fsdp_plugin=...)`` (see `backends.torch.sharding`)."""
 

@@ -10,7 +10,7 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 - model and optimizer state through ``torch.distributed.checkpoint.state_dict``
   (``get_*_state_dict`` / ``set_*_state_dict``): DTensor values keyed by parameter names, so a
   checkpoint reshards onto any number of processes.
-- `save_sharded` / `load_sharded_hashed`: every process writes only its own shards through
+- `save_sharded` / `load_sharded`: every process writes only its own shards through
   DCP's safetensors storage layout (one file per process, the offsets in its header; no
   ``.metadata`` pickle) and reads what it needs, both with the hashing storage of
   `backends.torch.storage` (checksums in the pass over the bytes). `begin_sharded_save` splits
@@ -21,11 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-from unified.backend import DeferredArray, FileHashes, ShardedArrays, ShardedTraining, ShardedWrite
+from unified.backend import (
+    DeferredArray,
+    FileHashes,
+    ShardedArrays,
+    ShardedLoad,
+    ShardedRead,
+    ShardedTraining,
+    ShardedWrite,
+)
 from unified.config import is_url
 from unified.errors import CheckpointError, see
 
@@ -61,7 +69,11 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
     # -- preparing ---------------------------------------------------------------------------------
     def _mesh_for_sharding(self) -> Any:
+        """The mesh FSDP2 shards over: a `ParallelismConfig`'s ``dp_shard_cp`` (HSDP: with
+        ``dp_replicate``, `backends.torch.mesh`), else a 1-D mesh of every process."""
         if self._fsdp_mesh is None:
+            if getattr(self, "_parallel_config", None) is not None:
+                return self.fsdp_mesh()
             from torch.distributed.device_mesh import init_device_mesh
 
             self._fsdp_mesh = init_device_mesh(self.device.type, (self.num_processes,))
@@ -94,14 +106,17 @@ class TorchSharding(ShardedTraining, ShardedArrays):
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             precision = _MIXED.get(self._loop.mixed_precision if getattr(self, "_loop", None) else "no")
-            options = dict(mesh=self._mesh_for_sharding(),
+            mesh = self._mesh_for_sharding()
+            options = dict(mesh=mesh,
                            reshard_after_forward=self._fsdp_plugin.reshard_after_forward,
                            mp_policy=MixedPrecisionPolicy(param_dtype=precision, reduce_dtype=torch.float32)
                            if precision is not None else MixedPrecisionPolicy())
             before = dict(model.named_parameters())
-            for module in self._wrap_targets(model):
-                fully_shard(module, **options)
-            fully_shard(model, **options)
+            model = self.tensor_parallel(model)  # a ParallelismConfig's tp_size (backends.torch.mesh)
+            if mesh is not None:  # None: tensor parallelism alone, nothing to shard over
+                for module in self._wrap_targets(model):
+                    fully_shard(module, **options)
+                fully_shard(model, **options)
             after = dict(model.named_parameters())
             for name, old in before.items():
                 if after.get(name) is not None and after[name] is not old:
@@ -295,22 +310,18 @@ class TorchSharding(ShardedTraining, ShardedArrays):
     hashes_while_reading = True
     sharded_to_store = True  # HashingWriter / HashingReader stream to and from an object store
 
-    def load_sharded(self, directory: str, like: Mapping[str, Any]) -> Dict[str, Any]:
-        return self.load_sharded_hashed(directory, like)[0]
+    def load_sharded(self, directory: str, like: Mapping[str, Any], options: ShardedLoad) -> ShardedRead:
+        """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes),
+        with the checksums of the files read whole, whatever ``options`` (`hashes_while_reading`);
+        the live ones are untouched (the manager checks those checksums, and hashes the other
+        files, before it restores anything).
 
-    def load_sharded_hashed(self, directory: str, like: Mapping[str, Any],
-                            copy_to: Optional[Callable[[str, int], Optional[str]]] = None
-                            ) -> Tuple[Dict[str, Any], FileHashes]:
-        """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes);
-        the live ones are untouched (the manager checks the returned checksums, of the files
-        read whole, and hashes the others, before it restores anything).
-
-        With ``copy_to``, when this process needs each file it reads whole (a restart on the same
-        process count): the files are hashed (a folder's where they are, a store's objects into
-        the private local copies ``copy_to`` names) and nothing is read into a tensor; each array comes
-        back as a `DeferredArray` that fills the tensor of ``like`` in place once the manager
-        checked everything (no second copy of this process's shard). Otherwise fresh tensors,
-        as above.
+        With ``options.defer``, when this process needs each file it reads whole (a restart on
+        the same process count): the files are hashed (a folder's where they are, a store's
+        objects into the private local copies ``options.copy_to`` names) and nothing is read into
+        a tensor; each array comes back as a `DeferredArray` that fills the tensor of ``like`` in
+        place once the manager checked everything (no second copy of this process's shard).
+        Otherwise fresh tensors, as above.
 
         No collective (``no_dist=True``): each process plans its own reads from the shard files'
         headers. Run distributed, DCP would exchange its plans and metadata with torch's object
@@ -319,16 +330,16 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         from .storage import HashingReader
 
         reader = HashingReader(directory)
-        if copy_to is not None:  # a folder's files are read where they are (copy_to is for a store's)
-            reader = HashingReader(directory, defer=True, copy_to=copy_to if is_url(directory) else None)
+        if options.defer:  # a folder's files are read where they are (copy_to is for a store's)
+            reader = HashingReader(directory, defer=True, copy_to=options.copy_to if is_url(directory) else None)
             _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
             if reader.deferred:
-                return ({key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()},
-                        reader.hashed)
+                return ShardedRead({key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()},
+                                   reader.hashed)
             reader.defer = False  # the same reader (a store's headers are not asked for again)
         target = {key: torch.empty_like(value) for key, value in like.items()}
         _dcp_load(directory, target, reader)
-        return target, reader.hashed
+        return ShardedRead(target, reader.hashed)
 
 
 def _dcp_load(directory: str, target: Dict[str, Any], reader: Any) -> None:

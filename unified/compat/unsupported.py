@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from ..config import GradientAccumulationPlugin
 from ..errors import see
@@ -20,14 +20,14 @@ __all__ = ["AbsentFeatures", "check_accelerate_kwargs"]
 _ACCELERATE_KWARGS = {
     "cpu": ((False, True), "unified runs on the backend's device"),
     "dispatch_batches": ((None, False), "every process reads its own share"),
-    "even_batches": ((True,), "prepared loaders are always even"),
+    "even_batches": ((True,), "pass dataloader_config=DataLoaderConfiguration(even_batches=False)"),
     "device_placement": ((True,), "prepared objects are always placed on accelerator.device"),
     "rng_types": ((None,), "every generator is saved and restored; none is synchronised per batch"),
     "deepspeed_plugin": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
     "deepspeed_plugins": ((None,), "shard models with fsdp_plugin=unified.FullyShardedDataParallelPlugin() (FSDP2)"),
     "megatron_lm_plugin": ((None,), "Megatron-LM is not supported; shard with fsdp_plugin"),
-    "torch_tp_plugin": ((None,), "tensor parallelism is not supported; shard with fsdp_plugin"),
-    "parallelism_config": ((None,), "shard with fsdp_plugin; other parallelism is not supported"),
+    "torch_tp_plugin": ((None,), "use parallelism_config=unified.ParallelismConfig(tp_size=...) (Accelerate's "
+                        "replacement of the deprecated plugin)"),
     "dynamo_plugin": ((None,), "call torch.compile(model) yourself before prepare()"),
     "dynamo_backend": ((None, "no", "NO"), "call torch.compile(model) yourself before prepare()"),
 }
@@ -89,10 +89,10 @@ class AbsentFeatures:
     has_fp8_handler = False
     has_lomo_optimizer = False
     fp8_backend = "NO"
-    is_composable_parallelism_enabled = False
 
     def _no_parallelism(self, what: str) -> Any:
-        raise RuntimeError(f"{what} is not configured: unified has no parallelism_config; each process's data "
+        raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first (Accelerator("
+                           "parallelism_config=unified.ParallelismConfig(...))); without one each process's data "
                            "rank is accelerator.process_index." + see("no-parallelism-config"))
 
     data_parallel_rank = property(lambda self: self._no_parallelism("Data parallelism"))
@@ -116,20 +116,6 @@ class AbsentFeatures:
             >>> with accelerator.maybe_context_parallel():
             ...     loss = model(batch)
         """
-        yield
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables: Any, even_batches: Optional[bool] = None) -> Any:
-        """A no-op context: unified's prepared loaders give every process the same number of
-        batches (the last global batch is filled up), so no process waits in a collective for
-        another that ran out.
-
-        Example:
-            >>> with accelerator.join_uneven_inputs([model]):
-            ...     train()
-        """
-        if even_batches is False:
-            raise _unsupported("join_uneven_inputs(even_batches=False)", "prepared loaders always give even batches")
         yield
 
     def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:

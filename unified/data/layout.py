@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 from typing import Any, Callable, Iterator, Protocol, Tuple
 
+from ..backend import ForeignLoaders
+
 
 class Placement(Protocol):
     """What a prepared loader needs of a backend: its place in the group and batch placement."""
@@ -17,6 +19,42 @@ class Placement(Protocol):
     uneven_batches: bool
 
     def place_batch(self, batch: Any) -> Any: ...
+
+
+class DataRanks:
+    """A backend as the prepared loaders see it under a `unified.ParallelismConfig`: its
+    ``process_index`` / ``num_processes`` are the data-parallel rank and size (every process
+    of one tensor-parallel group reads the same batches); everything else is the backend's.
+
+    Example:
+        >>> view = DataRanks(backend, rank=1, size=2)   # process 3 of dp_shard=2 x tp=2  # doctest: +SKIP
+        >>> view.process_index, view.num_processes                                      # doctest: +SKIP
+        (1, 2)
+    """
+
+    def __init__(self, backend: Any, rank: int, size: int) -> None:
+        self._backend, self.process_index, self.num_processes = backend, rank, size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def prepare_loader(self, loader: Any, seed: Any) -> Any:
+        """The backend's adapter of foreign loaders, run with these ranks."""
+        if not isinstance(self._backend, ForeignLoaders):
+            return None
+        return type(self._backend).prepare_loader(self, loader, seed)
+
+
+ForeignLoaders.register(DataRanks)  # prepare_loader asks the view, which asks the backend
+
+
+def data_ranks(backend: Any, place: Any) -> Any:
+    """What prepared loaders read ranks from: ``backend`` itself, or a `DataRanks` view of it
+    when ``place`` (a `unified.training.parallelism.MeshPlace`) has fewer data-parallel ranks
+    than processes."""
+    if place is None or place.data_size == backend.num_processes:
+        return backend
+    return DataRanks(backend, place.data_rank, place.data_size)
 
 
 class _HostOnly:

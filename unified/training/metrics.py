@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import numbers
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class ActiveLoaders:
 
     def __init__(self) -> None:
         self._stack: List[Any] = []
+        # told the loader that ended an iteration (the gradient state goes back to the outer loader's end)
+        self.on_left: Optional[Callable[[Any], None]] = None
 
     def entered(self, loader: Any) -> None:
         self._stack.append(loader)
@@ -48,7 +50,13 @@ class ActiveLoaders:
         for i in range(len(self._stack) - 1, -1, -1):
             if self._stack[i] is loader:
                 del self._stack[i]
-                return
+                break
+        if self.on_left is not None:
+            self.on_left(loader)
+
+    def innermost(self) -> Optional[Any]:
+        """The innermost prepared loader being iterated; None when no loader runs."""
+        return self._stack[-1] if self._stack else None
 
     def layout(self) -> Optional[BatchLayout]:
         """The innermost running loader's layout of its batch in use; ``None`` when no loader runs."""
@@ -62,6 +70,9 @@ class Metrics:
         self.collectives = collectives
         self.backend = collectives.backend
         self.active = ActiveLoaders()
+        # processes that share one batch (a ParallelismConfig's tp_size: consecutive processes);
+        # gather_for_metrics keeps the first of each group's rows
+        self.same_batch = 1
 
     def watch(self, loader: Any) -> None:
         """Have a prepared ``loader`` report its iterations (called by `Accelerator.prepare`)."""
@@ -81,20 +92,23 @@ class Metrics:
         if use_gather_object or not leaves or not numeric or per_sample_list:
             return self._gather_objects(tree, layout)
         if layout is None or (layout.even and not layout.repeats):
-            return self.collectives.gather(tree)
+            if self.same_batch == 1:
+                return self.collectives.gather(tree)
+            arrays, rebuild = self.collectives.arrays_of(tree)
+            return rebuild(self._gather(arrays))
         arrays, rebuild = self.collectives.arrays_of(tree)
         rows = [_rows(a) for a in arrays]
         if layout.even:
             chunk = layout.rows[0]
-            gathered = self.collectives.gather(arrays)
+            gathered = self._gather(arrays)
         else:  # a batch sampler's batches differ in size: pad to the largest, gather, keep the rows
-            sizes = self.collectives.all_gather_json(rows, "gather_for_metrics (rows)")
+            sizes = self.collectives.all_gather_json(rows, "gather_for_metrics (rows)")[::self.same_batch]
             for i in range(len(arrays)):
                 if [s[i] for s in sizes] != list(layout.rows):
                     raise _rows_error(i, [s[i] for s in sizes], layout)
             chunk = max(layout.rows)
-            gathered = self.collectives.gather([self.backend.pad_array(a, 0, chunk, 0, False) if n < chunk else a
-                                                for a, n in zip(arrays, rows)])
+            gathered = self._gather([self.backend.pad_array(a, 0, chunk, 0, False) if n < chunk else a
+                                     for a, n in zip(arrays, rows)])
         processes = len(layout.rows)
         keep = _kept(layout, chunk)
         out = []
@@ -122,12 +136,29 @@ class Metrics:
             )
         parts = [_unpack(data, self.backend) for data in
                  self.collectives.all_gather_bytes(_pack(items, self.backend), "gather_for_metrics")]
+        parts = parts[::self.same_batch]  # one part per data-parallel rank
         if layout is not None and layout.repeats:
             lengths = [len(p) for p in parts]
             if lengths != list(layout.rows):
                 raise _rows_error(0, lengths, layout)
             parts = [p[:k] for p, k in zip(parts, layout.kept)]
         return [item for part in parts for item in part]
+
+    def _gather(self, arrays: List[Any]) -> List[Any]:
+        """`Collectives.gather` of this process's rows (of a global array: the rows this
+        process holds), keeping one process's rows of each group of ``same_batch`` (the
+        processes of a tensor-parallel group hold the same batch)."""
+        gathered = self.collectives.gather(arrays)
+        if self.same_batch == 1:
+            return gathered
+        processes = self.backend.num_processes
+        out = []
+        for value in gathered:
+            rows = value.shape[0] // processes
+            keep = np.concatenate([np.arange(p * rows, (p + 1) * rows, dtype=np.int64)
+                                   for p in range(0, processes, self.same_batch)])
+            out.append(value[self.backend.from_numpy(keep, like=value) if self.backend.is_array(value) else keep])
+        return out
 
     # -- pad_across_processes --------------------------------------------------------------------
     def pad_across_processes(self, tree: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:

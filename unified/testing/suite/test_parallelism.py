@@ -1,0 +1,139 @@
+"""Conformance: ``Accelerator(parallelism_config=...)`` on both backends, one group of 4
+processes per backend (process start-up is the expensive part): HSDP, tensor parallelism,
+``dp_shard x tp`` and ``dp_shard`` train as one process on the global batch; batches are identical
+within a tensor-parallel group and disjoint across data-parallel ranks; a resume is exact; the
+sharded state saved on each mesh loads on every other mesh, and (a second group, of 1 process) on
+one plain process; ``save_model`` writes the whole parameters."""
+from __future__ import annotations
+
+import pytest
+
+from ..harness import Runs, run_group
+from ..parallel_scenarios import MESHES, par_checkpoints, par_checkpoints_one, par_resume, par_train
+
+pytestmark = pytest.mark.multiprocess
+
+# (saved on, loaded on) -> why it fails today: a defect of the backend's sharding or of
+# unified/checkpoint, kept visible (xfail strict: the test fails once it is fixed)
+_NO_COUNTERPART = ("torch: a one-process load of a sharded state needs the optimizer's state to exist already: "
+                   "a fresh SGD(momentum) has no momentum_buffer yet, so the saved buffers 'have no counterpart in "
+                   "this run's objects' (CheckpointError, sharded-no-counterpart)")
+_TP_ONLY = ("torch: the state saved on tp=4 (no dp_shard) writes fc2.bias, replicated over tp by RowwiseParallel, "
+            "whole into model_0.safetensors; restoring it into a mesh with dp_shard (FSDP2: a DTensor placed "
+            "Shard(0) over dp_shard) fails in load_state_dict's in-place copy_: 'in-place operations that require "
+            "placement changes are not supported' (CheckpointError, cannot-restore)")
+KNOWN_LOAD_DEFECTS = {
+    "torch": {**{(source, "one_process"): _NO_COUNTERPART for source in MESHES},
+              **{("tp", target): _TP_ONLY for target in MESHES if target != "tp"}},
+    "jax": {},
+}
+KNOWN_MODEL_DEFECTS = {"torch": {}, "jax": {}}
+
+
+@pytest.fixture(scope="module")
+def group(backend, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("parallel")
+    four = run_group(backend, 4, [par_train, par_resume, par_checkpoints], folder, deadline=400.0).ok()
+    # one plain process loads what the 4 saved (the same shared folder)
+    one = run_group(backend, 1, [par_checkpoints_one], folder, deadline=120.0).ok()
+    return Runs(four, one)
+
+
+def _place(sizes, process):
+    """(dp_replicate, dp_shard, tp) coordinates of ``process`` (tp innermost), and its data rank."""
+    replicate, shard, tp = sizes
+    coordinates = (process // (shard * tp), process // tp % shard, process % tp)
+    return coordinates, coordinates[0] * shard + coordinates[1]
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_ranks_follow_the_mesh(group, mesh):
+    for process, r in enumerate(group.scenario(par_train)):
+        assert tuple(r[mesh]["ranks"]) == _place(MESHES[mesh], process)[0], (process, r[mesh])
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_batches_identical_within_a_tp_group_and_disjoint_across_data_ranks(group, mesh):
+    results = group.scenario(par_train)
+    by_rank = {}
+    for process, r in enumerate(results):
+        rank = _place(MESHES[mesh], process)[1]
+        by_rank.setdefault(rank, []).append(r[mesh]["batches"])
+    for rank, seen in by_rank.items():
+        assert all(s == seen[0] for s in seen), (mesh, rank, seen)  # one TP group, one batch
+    assert all(r[mesh]["skipped_to_second"] for r in results), mesh  # skip_first_batches counts global batches
+    for step in range(len(results[0][mesh]["batches"])):
+        rows = [i for seen in by_rank.values() for i in seen[0][step]]
+        assert len(rows) == len(set(rows)), (mesh, step, rows)
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_training_equals_one_process_on_the_global_batch(group, mesh):
+    for r in group.scenario(par_train):
+        assert r[mesh]["moved"] > 1e-3, r[mesh]
+        assert r[mesh]["difference"] < 1e-5, r[mesh]
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_mesh_has_accelerate_dimension_names(group, mesh):
+    """The active dimensions in Accelerate's order (torch's DeviceMesh, with its flattened views),
+    or every axis, those of size 1 included (a jax.sharding.Mesh, where annotations name them)."""
+    sizes = dict(zip(("dp_replicate", "dp_shard", "tp"), MESHES[mesh]))
+    active = [d for d, n in sizes.items() if n > 1]
+    views = {"dp": [d for d in active if d != "tp"], "dp_shard_cp": [d for d in active if d == "dp_shard"]}
+    views["dp_cp"] = views["dp"]
+    r = group.scenario(par_train)[0][mesh]["mesh"]
+    assert r["axes"] in (active, list(sizes)), r
+    if r["views"]:
+        assert r["axes"] == active and r["views"] == sorted(v for v, dims in views.items() if dims), r
+
+
+def test_resume_is_exact(group):
+    for r in group.scenario(par_resume):
+        assert r["restored_difference"] == 0.0, r
+        assert r["same_batches"], r
+        assert r["resumed_difference"] == 0.0, r
+
+
+def test_sharded_state_loads_on_another_mesh(group):
+    for r in group.scenario(par_resume):
+        assert r["other_mesh_error"] is None, r["other_mesh_error"]
+        assert r["other_mesh_difference"] == 0.0, r
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_gather_for_metrics_counts_data_parallel_ranks(group, mesh):
+    for r in group.scenario(par_train):
+        assert r[mesh]["gathered"] == list(range(10)), (mesh, r[mesh]["gathered"])
+
+
+def _known(request, defects, key):
+    """Mark the running test xfail(strict) when ``key`` is a known defect of its backend."""
+    reason = defects.get(request.node.callspec.params["backend"], {}).get(key)
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+@pytest.mark.parametrize("source, target", [(source, target) for source in MESHES
+                                            for target in [*MESHES, "one_process"] if source != target])
+def test_sharded_state_loads_on_every_other_mesh_and_on_one_process(group, request, source, target):
+    """Saved by every process on ``source``, loaded on ``target`` (another mesh of the 4
+    processes, or one plain process): parameters and optimizer state (momentum) exactly the saved."""
+    _known(request, KNOWN_LOAD_DEFECTS, (source, target))
+    results = group.scenario(par_checkpoints_one if target == "one_process" else par_checkpoints)
+    for process, r in enumerate(results):
+        load = r["loads"][source] if target == "one_process" else r["loads"][target][source]
+        assert load["error"] is None, (process, load["error"])
+        assert load["params"] == 0.0 and load["optimizer"] == 0.0, (process, load)
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_save_model_writes_the_whole_parameters(group, request, mesh):
+    """``save_model`` of a sharded model on every mesh: one file of the gathered (trained)
+    parameters, which are those of one process trained on the global batches."""
+    _known(request, KNOWN_MODEL_DEFECTS, mesh)
+    results = group.scenario(par_checkpoints)
+    assert all(r["models"][mesh]["error"] is None for r in results), [r["models"][mesh] for r in results]
+    model = results[0]["models"][mesh]
+    assert model["trained"] == 0.0, model
+    assert model["reference"] < 1e-5, model
