@@ -329,9 +329,10 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         failure here is this process's alone: the manager shares it in its next exchange."""
         from .storage import HashingReader
 
-        reader = HashingReader(directory)
-        if options.defer:  # a folder's files are read where they are (copy_to is for a store's)
-            reader = HashingReader(directory, defer=True, copy_to=options.copy_to if is_url(directory) else None)
+        # one reader for both passes; a folder's files are read where they are (copy_to is for a store's)
+        reader = HashingReader(directory, defer=options.defer,
+                               copy_to=options.copy_to if options.defer and is_url(directory) else None)
+        if options.defer:
             _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
             if reader.deferred:
                 return ShardedRead({key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()},
