@@ -106,6 +106,47 @@ def test_even_batches_false_gives_each_process_accelerates_batches(case, kind):
     assert " / ".join(shown) == UNEVEN[case]
 
 
+@pytest.mark.parametrize("kind", ["unified", "torch", "batch_sampler"])
+def test_even_batches_false_ends_the_epoch_on_every_process_at_the_same_position(kind):
+    """13 samples in batches of 2 on 3 processes: process 1 has 2 batches ([2 3] [8 9]), process 0 three.
+    Stopped after 2 batches, process 1's next iteration is the rest of this epoch (no batch), as
+    Accelerate's skip_first_batches(loader, 2) gives it (measured on 1.15: []), then the next epoch:
+    the same after a resume and with skip_first_batches. Before, process 1 went on into the next
+    epoch one iteration ahead of process 0 (the epoch's end was its own len())."""
+    import numpy as np
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from unified import DataLoader as UnifiedLoader
+    from unified.backend import ForeignLoaders
+    from unified.data import prepare_loader, skip_first_batches
+
+    ForeignLoaders.register(_Rank)
+
+    def prepared():
+        if kind == "unified":
+            loader = UnifiedLoader(np.arange(13), batch_size=2)
+        elif kind == "torch":
+            loader = DataLoader(TensorDataset(torch.arange(13)), batch_size=2)
+        else:
+            loader = DataLoader(TensorDataset(torch.arange(13)),
+                                batch_sampler=BatchSampler(SequentialSampler(range(13)), 2, False))
+        return prepare_loader(loader, _Rank(1, 3), 0, even_batches=False)
+
+    live = prepared()
+    assert _shown(live) == "2 3|8 9"
+    for i, _ in enumerate(live):
+        if i == 1:
+            break
+    state = live.state_dict()
+    assert (_shown(live), _shown(live)) == ("", "2 3|8 9")
+    resumed = prepared()
+    resumed.load_state_dict(state)
+    assert (_shown(resumed), _shown(resumed)) == ("", "2 3|8 9")
+    skipping = prepared()
+    skipping.load_state_dict(state)
+    assert (_shown(skip_first_batches(skipping, 2)), _shown(skipping)) == ("", "2 3|8 9")
+
+
 def test_even_batches_false_is_accepted_and_join_uneven_inputs_overrides_it(torch_accelerator):
     """Refused before (NotImplementedError); Accelerate 1.15 takes it (and join_uneven_inputs's override)."""
     from unified import Accelerator, DataLoaderConfiguration

@@ -120,12 +120,25 @@ class PreparedDataLoader:
         return len(self.dataset)
 
     def __len__(self) -> int:
+        return self._length(self.even_batches)
+
+    def _length(self, even: bool) -> int:
+        """This process's batches in an epoch, with even batches or not (``even=True``: the epoch's
+        global batches, the same on every process: where the epoch ends for all of them)."""
         n, g = self.num_samples(), self.global_batch_size
         if self.drop_last:
             return n // g
-        if not self.even_batches:  # global batches holding at least one of this process's samples
+        if not even:  # global batches holding at least one of this process's samples
             return max(0, math.ceil((n - self._backend.process_index * self.batch_size) / g))
         return math.ceil(n / g)
+
+    def _epoch_over(self) -> bool:
+        """Whether the current epoch is over, on every process alike. With ``even_batches=False``
+        a process may have fewer batches than others (``len()``): its position then stands at its
+        own end while the epoch goes on for the others, and the next iteration is the rest of this
+        epoch (none of its batches), not the next epoch, so that every process starts the next
+        epoch in the same iteration."""
+        return self.position >= self._length(True)
 
     def epoch_order(self, epoch: int) -> Any:
         """The epoch's global sample order: ``order[i]`` is the ``i``-th sample of the epoch."""
@@ -176,7 +189,7 @@ class PreparedDataLoader:
         return self._run()
 
     def _run(self, roll_over: bool = True) -> Iterator[Any]:
-        if roll_over and self.position >= len(self):  # restored at the very end of an epoch
+        if roll_over and self._epoch_over():  # restored at the very end of an epoch
             self.epoch, self.position = self.epoch + 1, 0
         order = self.epoch_order(self.epoch)
         first = self.position
@@ -245,7 +258,7 @@ class _SkippedView:
 
     def __iter__(self) -> Iterator[Any]:
         loader = self.loader
-        if loader.position >= len(loader):
+        if loader._epoch_over():
             loader.epoch, loader.position = loader.epoch + 1, 0
         loader.position = max(loader.position, self.num_batches)  # absolute: never skips twice
         return loader._run(roll_over=False)

@@ -62,11 +62,11 @@ class BatchSampledLoader(_DrawnEpochs, PreparedDataLoader):
     def num_samples(self) -> int:
         return sum(len(b) for b in self._draw(self.epoch).items)
 
-    def __len__(self) -> int:
+    def _length(self, even: bool) -> int:
         m, p = self.num_batches(), self._backend.num_processes
         if self.drop_last:
             return m // p
-        if not self.even_batches:  # the batches k*P + r that exist (Accelerate's BatchSamplerShard)
+        if not even:  # the batches k*P + r that exist (Accelerate's BatchSamplerShard)
             return max(0, math.ceil((m - self._backend.process_index) / p))
         return math.ceil(m / p)
 

@@ -258,6 +258,102 @@ def data_dispatch(state: dict) -> dict:
             "map_rest": map_rest, "map_resumed": [_rows(b) for b in map_again], "length": len(loader)}
 
 
+def _refusal(err: Exception, acc: Accelerator) -> dict:
+    return {"global_arrays": getattr(acc._backend, "uneven_batches", True) is False, "refused": str(err),
+            "error": type(err).__name__}
+
+
+@scenario
+def data_uneven(state: dict) -> dict:
+    """``DataLoaderConfiguration(even_batches=False)`` without dispatch: every process reads its
+    own batches of 13 samples in batches of 2, the epoch's last global batch left as it is (a
+    process gets a short last batch or one batch fewer, no repeats), for unified's loader and a
+    torch ``DataLoader``; a checkpoint in the middle of the epoch (where a process of 3 has had
+    all its batches) resumes with exactly the rest, with or without ``skip_first_batches``.
+    A backend whose step batches are one global array refuses it in `prepare`."""
+    import torch
+
+    config = unified.DataLoaderConfiguration(even_batches=False)
+    acc = Accelerator(timeout=60, dataloader_config=config)
+    global_arrays = getattr(acc._backend, "uneven_batches", True) is False
+    try:
+        loader = acc.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
+    except Exception as err:  # the test tells a refusal from a failure by its type and message
+        refused = _refusal(err, acc)
+        try:
+            acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+        except Exception as torch_err:
+            refused["torch_refused"], refused["torch_error"] = str(torch_err), type(torch_err).__name__
+        return refused
+    foreign = acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    epoch = [_rows(b) for b in loader]
+    torch_epoch = [_rows(b) for b in foreign]
+    target = _shared(f"uneven_ckpt_{acc.num_processes}")
+    for i, _ in enumerate(loader):  # every process has at least 2 batches
+        if i == 1:
+            acc.save_state(target)
+            break
+    rest = [_rows(b) for b in loader] + [_rows(b) for b in loader]  # the epoch's rest, then the next
+    fresh = Accelerator(timeout=60, dataloader_config=config)  # the same loaders, in the same order
+    again = fresh.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
+    fresh.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    fresh.load_state(target)
+    resumed = [_rows(b) for b in again] + [_rows(b) for b in again]
+    other = Accelerator(timeout=60, dataloader_config=config)  # and with Accelerate's skip_first_batches after it
+    skipping = other.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
+    other.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    other.load_state(target)
+    resumed_with_skip = [_rows(b) for b in other.skip_first_batches(skipping, 2)] + [_rows(b) for b in skipping]
+    return {"global_arrays": global_arrays, "epoch": epoch, "length": len(loader), "torch_epoch": torch_epoch,
+            "torch_length": len(foreign), "rest": rest, "resumed": resumed, "resumed_with_skip": resumed_with_skip}
+
+
+@scenario
+def data_split_dispatch(state: dict) -> dict:
+    """``DataLoaderConfiguration(dispatch_batches=True, split_batches=True)``: process 0 reads one
+    batch of the loader (13 samples, ``batch_size=6``) a step and every process gets its slice
+    (Accelerate's dispatcher), for unified's loader and a torch ``DataLoader``; a checkpoint in the
+    middle of the epoch resumes with exactly the rest; a batch size that does not divide by the
+    processes is refused with Accelerate's message. A backend whose step batches are one global
+    array refuses dispatch in `prepare`, naming its own way."""
+    import torch
+
+    config = unified.DataLoaderConfiguration(dispatch_batches=True, split_batches=True)
+    acc = Accelerator(timeout=60, dataloader_config=config)
+    global_arrays = getattr(acc._backend, "uneven_batches", True) is False
+    dataset = CountingDataset(13)
+    try:
+        loader = acc.prepare(unified.DataLoader(dataset, batch_size=6))
+    except Exception as err:  # the test tells a refusal from a failure by its type and message
+        return _refusal(err, acc)
+    foreign = acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=6))
+    epoch, gathered = [], []
+    for batch in loader:
+        epoch.append(_rows(batch))
+        gathered += np.asarray(acc.gather_for_metrics(batch["x"])).ravel().tolist()
+    torch_epoch = [_rows(b) for b in foreign]
+    target = _shared(f"split_ckpt_{acc.num_processes}")
+    for i, _ in enumerate(loader):
+        if i == 0:
+            acc.save_state(target)
+            break
+    rest = [_rows(b) for b in loader] + [_rows(b) for b in loader]  # the epoch's rest, then the next
+    fresh = Accelerator(timeout=60, dataloader_config=config)  # the same loaders, in the same order
+    again_dataset = CountingDataset(13)
+    again = fresh.prepare(unified.DataLoader(again_dataset, batch_size=6))
+    fresh.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=6))
+    fresh.load_state(target)
+    resumed = [_rows(b) for b in again] + [_rows(b) for b in again]
+    try:
+        acc.prepare(unified.DataLoader(CountingDataset(13), batch_size=5))
+        indivisible = None
+    except Exception as err:
+        indivisible = [type(err).__name__, str(err)]
+    return {"global_arrays": global_arrays, "epoch": epoch, "length": len(loader), "gathered": gathered,
+            "total_batch_size": loader.total_batch_size, "torch_epoch": torch_epoch, "torch_length": len(foreign),
+            "reads": dataset.calls, "rest": rest, "resumed": resumed, "resumed_reads": again_dataset.calls,
+            "indivisible": indivisible}
+
 # -- experiment trackers (run at the end of the data groups) ---------------------------------------
 TRACKED_STEPS = 3
 

@@ -20,7 +20,9 @@ from ..data_scenarios import (
     data_resume,
     data_save_for_other_count,
     data_skip,
+    data_split_dispatch,
     data_torch_workers,
+    data_uneven,
     tracking,
 )
 from ..harness import GroupResult, run_group
@@ -38,7 +40,8 @@ from ..tracker_files import READER_MODULES, READERS
 
 pytestmark = pytest.mark.multiprocess
 # unified's own sharding, skipping and resume: in the groups of 2 and of 3 (uneven shares)
-CORE = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, data_dispatch]
+CORE = [start, data_epochs, data_skip, data_resume, data_torch_workers, data_iterable, data_dispatch,
+        data_uneven, data_split_dispatch]
 # the libraries' loaders and the trackers: in the group of 2 only. What they add is the library's side
 # (its workers, its state), which does not depend on the process count that CORE checks at 2 and 3;
 # and they are the costly part of a group (each Grain loader starts its worker processes).
@@ -46,6 +49,15 @@ LIBRARIES = [pipeline_torchdata, pipeline_hf_stream, pipeline_grain, pipeline_to
 # Accelerate 1.15's DataLoaderDispatcher, 13 items, batch_size=2: each process's batches ("|" between
 # batches, "/" between processes), as tests/unit/test_dispatch_batches.py holds them
 ACCELERATE_DISPATCH = {2: "0 1|4 5|8 9|12 / 2 3|6 7|10 11|0", 3: "0 1|6 7|12 / 2 3|8 9|0 / 4 5|10 11|1"}
+# Measured on Accelerate 1.15.0 (torchrun, 2 and 3 CPU processes on gloo, ACCELERATE_USE_CPU=1), 13 items
+# (a map-style dataset whose item i is [i]) in a torch DataLoader, shuffle off, written the same way:
+# DataLoaderConfiguration(even_batches=False), batch_size=2 (DataLoaderShard over BatchSamplerShard: the
+# last global batch left short, no repeats; len() per process 4, 3 and 3, 2, 2)
+ACCELERATE_UNEVEN = {2: "0 1|4 5|8 9|12 / 2 3|6 7|10 11", 3: "0 1|6 7|12 / 2 3|8 9 / 4 5|10 11"}
+# DataLoaderConfiguration(dispatch_batches=True, split_batches=True), batch_size=6 (DataLoaderDispatcher:
+# process 0 reads one batch a step, every process gets its slice; the last step filled up with the
+# epoch's first rows; len() 3; gather_for_metrics gives 0..12 once)
+ACCELERATE_SPLIT_DISPATCH = {2: "0 1 2|6 7 8|12 / 3 4 5|9 10 11|0", 3: "0 1|6 7|12 / 2 3|8 9|0 / 4 5|10 11|1"}
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +189,66 @@ def test_dispatch_batches_gives_accelerates_batches_and_resumes_exactly(group):
         assert r["map_resumed"] == r["map_rest"] == expected[rank][2:]
         # only process 0 reads: the resumed stream from its own state, nothing read twice
         assert (r["reads"] > 0, r["resumed_reads"]) == ((True, 26 - 4 * n) if rank == 0 else (False, 0))
+
+
+def _batches(table, size):
+    return [[[int(x) for x in b.split()] for b in p.split("|") if b.strip()] for p in table[size].split(" / ")]
+
+
+def test_even_batches_false_gives_accelerates_short_last_batches_and_resumes_exactly(group):
+    """DataLoaderConfiguration(even_batches=False), every process reading its own batches: each
+    gets Accelerate's batches (the last one short, or none), for unified's loader and a torch
+    DataLoader; a mid-epoch checkpoint resumes with exactly the rest. A backend whose step batches
+    are one global array refuses it in prepare, saying to keep even_batches=True."""
+    rows = group.scenario(data_uneven)
+    if rows[0]["global_arrays"]:
+        for r in rows:
+            for key in ("", "torch_"):
+                assert r[key + "error"] == "NotImplementedError", r
+                assert "DataLoaderConfiguration(even_batches=False) is not supported" in r[key + "refused"], r
+                assert "Keep even_batches=True" in r[key + "refused"], r
+        return
+    expected = _batches(ACCELERATE_UNEVEN, group.size)
+    for rank, r in enumerate(rows):
+        assert "refused" not in r, r
+        assert r["epoch"] == r["torch_epoch"] == expected[rank]
+        assert r["length"] == r["torch_length"] == len(expected[rank])
+        # saved after 2 batches: in the group of 3, processes 1 and 2 have had all of theirs, and the rest of
+        # the epoch is no batch for them (as Accelerate's skip_first_batches(loader, 2), measured: []), then
+        # the next epoch, in the same iteration as process 0's
+        assert r["resumed"] == r["rest"] == r["resumed_with_skip"] == expected[rank][2:] + expected[rank]
+
+
+def test_split_batches_with_dispatch_gives_accelerates_slices_and_resumes_exactly(group):
+    """DataLoaderConfiguration(dispatch_batches=True, split_batches=True): process 0 reads one batch
+    of the loader a step and every process gets Accelerate's slice of it, for unified's loader and a
+    torch DataLoader; a mid-epoch checkpoint resumes with exactly the rest, not reading the step it skips; a
+    batch size that does not divide by the processes is Accelerate's ValueError. A backend whose step
+    batches are one global array refuses dispatch, naming its own way."""
+    rows = group.scenario(data_split_dispatch)
+    if rows[0]["global_arrays"]:
+        for r in rows:
+            assert r["error"] == "NotImplementedError", r
+            assert "dispatch_batches=True" in r["refused"] and "dispatch-batches-jax" in r["refused"], r
+            assert "Leave dispatch_batches unset" in r["refused"], r
+        return
+    expected = _batches(ACCELERATE_SPLIT_DISPATCH, group.size)
+    for rank, r in enumerate(rows):
+        assert "refused" not in r, r
+        assert r["epoch"] == r["torch_epoch"] == expected[rank]
+        assert r["length"] == r["torch_length"] == 3  # the loader's own length
+        assert r["gathered"] == list(range(13))  # gather_for_metrics drops the rows that fill up the last step
+        # Accelerate 1.15's property raises AttributeError here (it reads batch_size from the dataset)
+        assert r["total_batch_size"] == 6
+        assert r["resumed"] == r["rest"] == expected[rank][1:] + expected[rank]
+        # only process 0 reads, 18 items an epoch: the loader's own last batch, [12], is read in its one-process
+        # form, [12 0 1 2 3 4], and cut (as tests/unit/test_dispatch_batches.py says; Accelerate reads [12]).
+        # Resumed after one step of 6: the skipped step is not read again
+        assert (r["reads"] > 0, r["resumed_reads"]) == ((True, 18 - 6 + 18) if rank == 0 else (False, 0))
+        error, message = r["indivisible"]  # Accelerate's type and message, then unified's troubleshooting link
+        assert error == "ValueError" and message.startswith(
+            "To use a `DataLoader` in `split_batches` mode, the batch size (5) needs to be a round multiple of the "
+            f"number of processes ({group.size}).") and "dispatch-batch-types" in message, r
 
 
 def _pipeline(group, scenario):
