@@ -173,7 +173,7 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         self.gradient_state.loaders = self._metrics.active  # gradient_state.active_dataloader
         self._metrics.active.on_left = self.gradient_state.left_loader
         if self._mesh_place is not None:  # a tensor-parallel group reads one batch: counted once
-            self._metrics.same_batch = self.num_processes // self._mesh_place.data_size
+            self._metrics.same_batch = self.num_processes // self._mesh_place.feeding.data_size
         if self._loop is not None:
             self._loop.configure_loop(LoopSettings(
                 self.mixed_precision, self.gradient_state, self.num_processes, self.step_scheduler_with_optimizer,
@@ -355,12 +355,13 @@ class Accelerator(JobControl, Checkpointing, TrainingLoopCalls, Tracking, Accele
         seed = self.dataloader_config.data_seed if self.dataloader_config.data_seed is not None else self.seed
         config = self.dataloader_config
         if config.dispatch_batches is True and self._mesh_place is not None \
-                and self._mesh_place.data_size != self.num_processes:
+                and self._mesh_place.feeding.data_size != self.num_processes:
             raise NotImplementedError("DataLoaderConfiguration(dispatch_batches=True) with tensor parallelism "
                                       "(tp_size > 1) is not supported (as in Accelerate): leave dispatch_batches "
                                       "out; every process of a tensor-parallel group then reads the same batches."
                                       + see("parallelism-config"))
-        loader = prepare_loader(obj, data_ranks(self._backend, self._mesh_place), seed,
+        feeding = self._mesh_place.feeding if self._mesh_place is not None else None
+        loader = prepare_loader(obj, data_ranks(self._backend, feeding), seed,
                                 stateful=config.use_stateful_dataloader, dispatch=config.dispatch_batches is True,
                                 even_batches=config.even_batches, split_batches=config.split_batches)
         if loader is not None:
@@ -560,17 +561,22 @@ def _sharding_backend(backend: Backend, plugin: Optional[FullyShardedDataParalle
 def _parallelism_backend(backend: Backend, config: Optional[ParallelismConfig], user_plugin: bool
                          ) -> Optional[MeshPlace]:
     """Fit ``config`` to the joined group and hand it to the backend, which builds its named
-    mesh; where this process sits on it (its data-parallel rank), or None without a config."""
+    mesh; where this process sits on it (its data-parallel rank), or None without a config.
+    A backend whose processes may each hold several devices of the mesh (JAX) says how many
+    (``parallel_devices_per_process()``): the mesh is then one of devices, not of processes."""
     if config is None:
         return None
-    check_parallelism(config, backend.num_processes, user_plugin)
+    per_process = getattr(backend, "parallel_devices_per_process", None)
+    devices = int(per_process()) if callable(per_process) else 1
+    check_parallelism(config, backend.num_processes, user_plugin, devices)
+    place = config.place_of(backend.process_index, devices)  # refuses a layout it cannot feed
     configure = getattr(backend, "configure_parallelism", None)
     if not callable(configure):
         raise NotImplementedError(f"Accelerator(parallelism_config=...) needs a backend with a named device mesh; "
                                   f"the {backend.name!r} backend has none (configure_parallelism). Leave "
                                   "parallelism_config out." + see("parallelism-config"))
     configure(config)
-    return config.place_of(backend.process_index)
+    return place
 
 
 def _loop_backend(backend: Backend, precision: str, steps: int) -> Optional[TrainingLoop]:

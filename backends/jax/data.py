@@ -11,6 +11,7 @@ import numpy as np
 
 from backends.common import prepare_torch_loader
 from unified.backend import ForeignLoaders
+from unified.errors import see
 
 __all__ = ["JaxData"]
 
@@ -28,9 +29,14 @@ class JaxData(ForeignLoaders):
         `unified.ParallelismConfig`, over its data axes and replicated over ``tp``:
         `backends.jax.mesh`)."""
         sharding, ranks = self.data_sharding()
+        held = getattr(self, "_ranks_held", 1)
 
         def place(leaf: Any) -> Any:
             local = np.asarray(_numpy_leaf(leaf))
+            if held > 1 and local.ndim and local.shape[0] % held:
+                raise ValueError(f"this process's devices hold {held} data-parallel ranks of the ParallelismConfig's "
+                                 f"mesh, which split its batch evenly, but the batch has {local.shape[0]} rows: use "
+                                 f"a batch_size that is a multiple of {held}." + see("parallelism-config"))
             shape = (local.shape[0] * ranks,) + local.shape[1:] if local.ndim else None
             return jax.make_array_from_process_local_data(sharding, local, shape)
 

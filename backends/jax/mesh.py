@@ -2,8 +2,12 @@
 
 `configure_parallelism` makes ``accelerator.mesh`` a ``jax.sharding.Mesh`` with the axes
 ``("dp_replicate", "dp_shard", "tp")`` (Accelerate's names and order; an axis whose size is 1 is
-kept, so an annotation naming it is valid everywhere) over every process's device, process
-``p`` at the same coordinates as on torch's ``DeviceMesh`` (row-major, ``tp`` innermost).
+kept, so an annotation naming it is valid everywhere) over every process's devices, process
+``p`` at the same coordinates as on torch's ``DeviceMesh`` (row-major, ``tp`` innermost). A
+process may hold several devices (e.g. CPU devices from
+``XLA_FLAGS=--xla_force_host_platform_device_count``): they are consecutive positions of the
+mesh, and a process whose devices hold several data-parallel ranks splits its batch over them
+(`unified.training.parallelism.MeshPlace`).
 `prepare` places each parameter by its ``nnx.with_partitioning`` annotation naming those axes
 (or Accelerate's flattened views ``dp``, ``dp_shard_cp``, ``dp_cp``); with ``dp_shard_size > 1``
 a dimension left unnamed is also split over ``dp_shard`` (`parallel_spec`). Batches are split
@@ -11,6 +15,7 @@ over ``("dp_replicate", "dp_shard")`` and replicated over ``tp`` (`data_sharding
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Optional, Sequence, Tuple
 
 import jax
@@ -73,18 +78,28 @@ class JaxParallelism:
     """What ``Accelerator(parallelism_config=...)`` asks of JAX (mixed into `JaxBackend`)."""
 
     _parallel_config: Optional[Any] = None
+    _feeding_size = 1  # data-parallel ranks the prepared loaders see (one per process holding several)
+    _ranks_held = 1  # data-parallel ranks this process's devices hold (its batch is split over them)
+
+    def parallel_devices_per_process(self) -> int:
+        """Devices of the mesh each process holds (every process must hold as many)."""
+        counts = Counter(d.process_index for d in jax.devices())
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"Accelerator(parallelism_config=...) on JAX needs every process to hold as many devices; "
+                             f"this group's processes hold {dict(sorted(counts.items()))} (process: devices)."
+                             + see("parallelism-config"))
+        return jax.local_device_count()
 
     def configure_parallelism(self, config: Any) -> None:
-        """Make `mesh` the named mesh of ``config`` over every process's device."""
+        """Make `mesh` the named mesh of ``config`` over every process's devices, each process's
+        devices consecutive (row-major, ``tp`` innermost), as torch lays out processes."""
         from jax.sharding import Mesh
 
         devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        if len(devices) != self.num_processes:
-            raise ValueError(f"Accelerator(parallelism_config=...) on JAX places one device per process; this group "
-                             f"has {len(devices)} devices over {self.num_processes} processes. Start one process per "
-                             "device." + see("parallelism-config"))
+        place = config.place_of(self.process_index, self.parallel_devices_per_process())
         sizes = [config.dp_replicate_size, config.dp_shard_size, config.tp_size]
         self._parallel_config = config
+        self._feeding_size, self._ranks_held = place.feeding.data_size, place.data_ranks_held
         self._mesh = Mesh(np.array(devices, dtype=object).reshape(sizes), AXES)
 
     def axis_sizes(self) -> dict:
@@ -93,12 +108,14 @@ class JaxParallelism:
 
     def data_sharding(self) -> Tuple[Any, int]:
         """The sharding of a batch (rows over the data axes, replicated over ``tp``) and the
-        number of data-parallel ranks; the 1-D ``"data"`` mesh's without a configuration."""
+        number of processes' batches it joins (the data-parallel ranks; fewer where a process
+        holds several: its batch is split over them); the 1-D ``"data"`` mesh's without a
+        configuration."""
         from jax.sharding import NamedSharding, PartitionSpec
 
         if self._parallel_config is None:
             return NamedSharding(self.mesh, PartitionSpec("data")), self.num_processes
-        return NamedSharding(self.mesh, PartitionSpec(DATA_AXES)), self._parallel_config.data_parallel_size
+        return NamedSharding(self.mesh, PartitionSpec(DATA_AXES)), self._feeding_size
 
     def parallel_placement(self, annotated: dict) -> Any:
         """``(like, path) -> sharding`` of a prepared object's leaves under the configuration."""

@@ -77,10 +77,14 @@ def place(host: np.ndarray, like: Any, sharding: Any, path: str) -> Any:
 
 def local_value(value: Any) -> np.ndarray:
     """This process's own value of an array: a replicated global array's copy, or the rows of a
-    global array that this process holds (a jitted step's outputs are global arrays)."""
+    global array that this process holds (a jitted step's outputs are global arrays), each once
+    (a process may hold several devices with the same rows: a tensor-parallel group's)."""
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         if value.is_fully_replicated:
             return np.asarray(value.addressable_shards[0].data)
-        shards = sorted(value.addressable_shards, key=lambda s: s.index[0].start or 0 if s.index else 0)
-        return np.concatenate([np.asarray(s.data) for s in shards])
+        distinct = {}
+        for shard in value.addressable_shards:
+            start = (shard.index[0].start or 0) if shard.index else 0
+            distinct.setdefault(start, shard)
+        return np.concatenate([np.asarray(distinct[start].data) for start in sorted(distinct)])
     return np.asarray(value)

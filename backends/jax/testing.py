@@ -4,8 +4,10 @@ framework import is inside the setups."""
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
+from typing import Dict
 
 import numpy as np
 
@@ -285,8 +287,18 @@ class ShardedTable:
         return self.table.sharding == self.sharding
 
 
+def local_devices(count: int) -> Dict[str, str]:
+    """The environment under which a JAX process holds ``count`` CPU devices: XLA's forced host
+    device count added to this process's ``XLA_FLAGS`` (its other flags kept), on the CPU platform."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    return {"XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={count}"]),
+            "JAX_PLATFORMS": "cpu"}
+
+
 class JaxKit(Kit):
     training = JaxTraining
     loop = JaxSetup
     sharded = JaxShardedSetup
     sharded_table = ShardedTable
+    local_devices = staticmethod(local_devices)

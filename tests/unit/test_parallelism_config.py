@@ -89,6 +89,34 @@ def test_places_are_the_row_major_coordinates_of_the_mesh(sizes):
         assert place.data_rank == process // config.tp_size and place.data_size == config.data_parallel_size
 
 
+@pytest.mark.parametrize("sizes, held, feeding", [
+    ((1, 2, 2), [1, 1], [(0, 2), (1, 2)]),      # each process: one tensor-parallel group
+    ((2, 2, 1), [2, 2], [(0, 2), (1, 2)]),      # HSDP: each process two data ranks, one batch split over them
+    ((1, 4, 1), [2, 2], [(0, 2), (1, 2)]),
+    ((1, 1, 4), [1, 1], [(0, 1), (0, 1)]),      # half a tensor-parallel group each: the same batch
+], ids=str)
+def test_places_of_processes_holding_several_devices(sizes, held, feeding):
+    """2 processes of 2 devices (JAX): a process holds mesh positions 2p, 2p + 1; its coordinates are
+    its first device's; the loaders follow one rank per process where it holds several."""
+    config = ParallelismConfig(dp_replicate_size=sizes[0], dp_shard_size=sizes[1], tp_size=sizes[2])
+    config.check_processes(2, devices_per_process=2)
+    for process in range(2):
+        place, first = config.place_of(process, 2), config.place_of(2 * process)
+        assert place.coordinates == first.coordinates and place.data_rank == first.data_rank
+        assert place.data_ranks_held == held[process]
+        assert (place.feeding.data_rank, place.feeding.data_size) == feeding[process]
+
+
+def test_several_devices_per_process_refusals():
+    with pytest.raises(ValueError, match=r"does not match the mesh's 4 devices \(2 processes x 2 devices each\)"):
+        ParallelismConfig(dp_shard_size=2, tp_size=4).check_processes(2, devices_per_process=2)
+    config = ParallelismConfig(dp_shard_size=3, tp_size=2)  # 6 devices, 3 per process: a rank in two processes
+    config.check_processes(2, devices_per_process=3)
+    with pytest.raises(ValueError, match="parts of two groups") as info:
+        config.place_of(0, 3)
+    assert "docs/troubleshooting.md#parallelism-config" in str(info.value)
+
+
 class _Backend:
     process_index, num_processes, uneven_batches = 3, 4, True
 

@@ -24,7 +24,7 @@ Example (a backend whose models train with its own ``MyModel`` / ``MySGD``)::
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, FrozenSet, Optional
+from typing import Any, Callable, Dict, FrozenSet, Optional
 
 from unified.backend import CAPABILITIES, Backend, HealthChannel
 from unified.backend.registry import backend_spec, load_object
@@ -32,7 +32,7 @@ from unified.backend.registry import backend_spec, load_object
 __all__ = ["Kit", "kit_of", "make_training", "backend_class", "distributed_type", "has_health_channel"]
 
 
-KIT_SLOTS = ("training", "loop", "sharded", "sharded_table")
+KIT_SLOTS = ("training", "loop", "sharded", "sharded_table", "local_devices")
 # what a backend has when it overrides `Backend.health_channel` (a scenario may require it)
 HEALTH_CHANNEL = HealthChannel.__name__
 
@@ -59,12 +59,18 @@ class Kit:
             process's shards as nested lists) and ``same_layout()`` (its array is still split as
             it was built); for a backend with `unified.backend.ShardedArrays`, whose scenario
             is skipped without.
+        local_devices: ``local_devices(n)``, the environment variables under which every process
+            a group starts holds ``n`` devices (JAX: CPU devices, from ``XLA_FLAGS``), for the
+            scenarios of several devices per process (`unified.testing.parallel_scenarios`'
+            ``par_devices_*``); a backend whose processes hold one device each has none, and
+            those scenarios are reported as skipped.
     """
 
     training: Optional[Callable[..., Any]] = None
     loop: Optional[Callable[..., Any]] = None
     sharded: Optional[Callable[..., Any]] = None
     sharded_table: Optional[Callable[..., Any]] = None
+    local_devices: Optional[Callable[[int], Dict[str, str]]] = None
 
 
 @functools.lru_cache(maxsize=None)

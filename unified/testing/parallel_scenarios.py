@@ -10,6 +10,9 @@ processes (unified/testing/suite/test_parallelism.py):
 - `par_resume`: ``dp_shard=2 x tp=2`` saves its (sharded) state mid-epoch, trains on, and a
   fresh run restores it and trains the same steps: the parameters must be identical; then a
   run on another mesh (HSDP ``2 x 2``) loads the same checkpoint.
+- `par_checkpoints`: each mesh saves its sharded state, and loads every other mesh's.
+- `par_devices_train`, `par_devices_resume`, `par_devices_checkpoints`: the same over 4 devices
+  held by 2 processes (2 each; the backend's `Kit.local_devices`), loading the 4 processes' states.
 
 Each backend's side is a small setup class below (`_TorchSetup`, `_JaxSetup`): the model with
 its tensor-parallel plan (torch: ``tp_plan``; JAX: ``nnx.with_partitioning`` naming ``tp``),
@@ -18,7 +21,7 @@ one SGD step, the whole parameters as NumPy, and the single-process reference.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -180,12 +183,26 @@ def _setup(acc: Accelerator, prepare: bool = True, momentum: float = 0.0) -> Any
 
 
 def _indices(batch: Dict[str, Any]) -> List[int]:
-    """This process's sample indices of a prepared batch."""
+    """This process's sample indices of a prepared batch (of a global jax.Array: the rows its
+    devices hold, in order, each once)."""
+    return [i for rows in _rows_by_rank(batch).values() for i in rows]
+
+
+def _rows_by_rank(batch: Dict[str, Any]) -> Dict[int, List[int]]:
+    """This process's sample indices of a prepared batch by data-parallel rank: of a global
+    jax.Array, the rows each of its devices holds (a device's place in the batch: the data rank
+    of its mesh position; devices of one tensor-parallel group hold the same rows, once here);
+    otherwise all of them, at key 0."""
     value = batch["i"]
     shards = getattr(value, "addressable_shards", None)
-    if shards is not None:  # a global jax.Array: this process's rows
-        value = shards[0].data
-    return [int(v) for v in np.asarray(value).reshape(-1)]
+    if shards is None:
+        return {0: [int(v) for v in np.asarray(value).reshape(-1)]}
+    out: Dict[int, List[int]] = {}
+    for shard in shards:
+        rows = shard.index[0] if shard.index else slice(None)
+        start, stop = rows.start or 0, rows.stop if rows.stop is not None else value.shape[0]
+        out.setdefault(start // max(1, stop - start), [int(v) for v in np.asarray(shard.data).reshape(-1)])
+    return dict(sorted(out.items()))
 
 
 def _host(value: Any) -> List[int]:
@@ -218,10 +235,13 @@ def _difference(a: List[np.ndarray], b: List[np.ndarray]) -> float:
     return float(max((np.max(np.abs(x - y)) for x, y in zip(a, b) if x.size), default=0.0))
 
 
-def _train(acc: Accelerator, setup: Any, loader: Any, steps: int) -> List[List[int]]:
+def _train(acc: Accelerator, setup: Any, loader: Any, steps: int,
+           by_rank: Optional[List[Dict[str, List[int]]]] = None) -> List[List[int]]:
     seen = []
     for n, batch in enumerate(loader):
         seen.append(_indices(batch))
+        if by_rank is not None:
+            by_rank.append({str(rank): rows for rank, rows in _rows_by_rank(batch).items()})
         setup.step(batch)
         if n + 1 == steps:
             break
@@ -237,7 +257,8 @@ def par_train(state: dict) -> dict:
         acc = Accelerator(parallelism_config=config, timeout=60)
         setup = _setup(acc)
         loader = acc.prepare(unified.DataLoader(Samples(), batch_size=BATCH, shuffle=True, seed=0))
-        seen = _train(acc, setup, loader, STEPS)
+        by_rank: List[Dict[str, List[int]]] = []
+        seen = _train(acc, setup, loader, STEPS, by_rank)
         trained = setup.params()
         fresh = acc.prepare(unified.DataLoader(Samples(), batch_size=BATCH, shuffle=True, seed=0))
         skipped = _indices(next(iter(acc.skip_first_batches(fresh, 1))))
@@ -248,7 +269,10 @@ def par_train(state: dict) -> dict:
             "skipped_to_second": skipped == seen[1],
             "ranks": [acc.data_parallel_rank, acc.data_parallel_shard_rank, acc.tensor_parallel_rank],
             "batches": seen,
-            "difference": _difference(trained, _reference(acc, config.data_parallel_size, STEPS)),
+            "by_rank": by_rank,
+            "global_batch": loader.global_batch_size,
+            # one process on the global batches: the data-parallel ranks' rows together
+            "difference": _difference(trained, _reference(acc, loader.global_batch_size // BATCH, STEPS)),
             "moved": _difference(trained, _setup(acc, prepare=False).params()),
             "mesh": _mesh_names(acc),
         }
@@ -277,7 +301,10 @@ def _has_view(mesh: Any, name: str) -> bool:
 def par_resume(state: dict) -> dict:
     """``dp_shard=2 x tp=2``: save after 2 steps, 2 more; a fresh run restores and trains the
     same 2 steps; then HSDP ``2 x 2`` loads the checkpoint (another mesh)."""
-    folder = os.path.join(os.environ["UNIFIED_TEST_SHARED"], "parallel_resume")
+    return _resume(state, os.path.join(os.environ["UNIFIED_TEST_SHARED"], "parallel_resume"))
+
+
+def _resume(state: dict, folder: str) -> dict:
     config = _config(MESHES["dp_shard_x_tp"])
     acc = Accelerator(parallelism_config=config, project_dir=folder, timeout=60)
     setup = _setup(acc)
@@ -311,8 +338,10 @@ def par_resume(state: dict) -> dict:
             "other_mesh_difference": other_difference, "other_mesh_error": error}
 
 
-def _checkpoint_folder() -> str:
-    return os.path.join(os.environ["UNIFIED_TEST_SHARED"], "parallel_checkpoints")
+def _checkpoint_folder(layout: str = "") -> str:
+    """Where `par_checkpoints` (``layout`` ""), or the group of another layout (e.g.
+    ``"devices"``: `par_devices_checkpoints`), saves each mesh's state."""
+    return os.path.join(os.environ["UNIFIED_TEST_SHARED"], "parallel_checkpoints" + (f"_{layout}" if layout else ""))
 
 
 def _error(err: BaseException) -> str:
@@ -327,19 +356,27 @@ def _model_file(path: str) -> List[np.ndarray]:
     return [np.asarray(arrays[name]).reshape(-1) for name in sorted(arrays)]
 
 
-def _load_every(acc: Accelerator, setup: Any, saved: Dict[str, Dict[str, List[np.ndarray]]],
-                skip: str = "") -> Dict[str, Dict[str, Any]]:
+def _load_every(acc: Accelerator, setup: Any, loader: Any, saved: Dict[str, Optional[Dict[str, List[np.ndarray]]]],
+                skip: str = "", folders: Optional[Dict[str, str]] = None) -> Dict[str, Dict[str, Any]]:
     """Load each mesh's saved state (but ``skip``'s) into ``setup``; how far its parameters and
-    optimizer state are from what was saved."""
+    optimizer state are from what was saved; then one step on the loaded state (it must train on:
+    the optimizer's state placed as this run's parameters). ``saved`` names the sources; a
+    source's state is in ``folders[source]`` (default: `par_checkpoints`' folder of that mesh)."""
     out: Dict[str, Dict[str, Any]] = {}
-    for source in MESHES:
+    for source in saved:
         if source == skip:
             continue
+        if saved[source] is None:
+            out[source] = {"params": None, "optimizer": None,
+                           "error": f"no state of {source} was saved before this ran"}
+            continue
         try:
-            acc.load_state(os.path.join(_checkpoint_folder(), source, "state"))
+            folder = (folders or {}).get(source) or os.path.join(_checkpoint_folder(), source)
+            acc.load_state(os.path.join(folder, "state"))
             out[source] = {"params": _difference(setup.params(), saved[source]["params"]),
                            "optimizer": _difference(setup.optimizer_state(), saved[source]["optimizer"]),
                            "error": None}
+            setup.step(next(iter(loader)))
         except Exception as err:  # reported, not raised: the test says which pair failed
             out[source] = {"params": None, "optimizer": None, "error": _error(err)}
     return out
@@ -352,7 +389,14 @@ def par_checkpoints(state: dict) -> dict:
     the differences (parameters, optimizer state) from the saved values, gathered whole, and how
     far each ``model.safetensors`` is from the trained parameters and the one-process reference.
     The main process writes the saved values (``saved_<mesh>.npz``) for `par_checkpoints_one`."""
-    folder = _checkpoint_folder()
+    return _checkpoints(state, "")
+
+
+def _checkpoints(state: dict, layout: str, others: Optional[str] = None) -> dict:
+    """`par_checkpoints` saving in ``layout``'s folder; the meshes also load the states the
+    group of layout ``others`` saved (``None``: none), reported as ``"<others>/<mesh>"``
+    (``"processes/<mesh>"`` for `par_checkpoints`' own folder, ``others=""``)."""
+    folder = _checkpoint_folder(layout)
     saved: Dict[str, Dict[str, List[np.ndarray]]] = {}
     models: Dict[str, Any] = {}
     for name, sizes in MESHES.items():
@@ -361,6 +405,7 @@ def par_checkpoints(state: dict) -> dict:
         setup = _setup(acc, momentum=MOMENTUM)
         loader = acc.prepare(unified.DataLoader(Samples(CKPT_SAMPLES), batch_size=BATCH, shuffle=True, seed=0))
         _train(acc, setup, loader, CKPT_STEPS)
+        global_batch = loader.global_batch_size
         acc.save_state(os.path.join(folder, name, "state"))
         saved[name] = {"params": setup.params(), "optimizer": setup.optimizer_state()}
         model: Dict[str, Any] = {"error": None}
@@ -370,7 +415,7 @@ def par_checkpoints(state: dict) -> dict:
                 written = _model_file(path)
                 model["trained"] = _difference(written, saved[name]["params"])
                 model["reference"] = _difference(written, _reference(
-                    acc, config.data_parallel_size, CKPT_STEPS, CKPT_SAMPLES, MOMENTUM))
+                    acc, global_batch // BATCH, CKPT_STEPS, CKPT_SAMPLES, MOMENTUM))
         except Exception as err:  # reported, not raised
             model["error"] = _error(err)
         models[name] = model
@@ -379,19 +424,28 @@ def par_checkpoints(state: dict) -> dict:
             np.savez(os.path.join(folder, f"saved_{name}.npz"), **arrays)
         acc.wait_for_everyone()
         state["acc"] = acc
+    other: Dict[str, Optional[Dict[str, List[np.ndarray]]]] = {}
+    folders: Dict[str, str] = {name: os.path.join(folder, name) for name in MESHES}  # this group's own states
+    if others is not None:
+        label = others or "processes"
+        for name in MESHES:  # None: that group saved nothing here (it did not run first)
+            there = os.path.exists(os.path.join(_checkpoint_folder(others), f"saved_{name}.npz"))
+            other[f"{label}/{name}"] = _saved(name, others) if there else None
+            folders[f"{label}/{name}"] = os.path.join(_checkpoint_folder(others), name)
     loads = {}
     for name, sizes in MESHES.items():
         acc = Accelerator(parallelism_config=_config(sizes), project_dir=os.path.join(folder, f"load_{name}"),
                           timeout=60)
         setup = _setup(acc, momentum=MOMENTUM)
-        acc.prepare(unified.DataLoader(Samples(CKPT_SAMPLES), batch_size=BATCH, shuffle=True, seed=0))
-        loads[name] = _load_every(acc, setup, saved, skip=name)
+        loader = acc.prepare(unified.DataLoader(Samples(CKPT_SAMPLES), batch_size=BATCH, shuffle=True, seed=0))
+        loads[name] = _load_every(acc, setup, loader, {**saved, **other}, skip=name, folders=folders)
         state["acc"] = acc
     return {"models": models, "loads": loads}
 
 
-def _saved(name: str) -> Dict[str, List[np.ndarray]]:
-    with np.load(os.path.join(_checkpoint_folder(), f"saved_{name}.npz")) as arrays:
+def _saved(name: str, layout: str = "") -> Dict[str, List[np.ndarray]]:
+    """What the group of ``layout`` saved on mesh ``name`` (its main process's ``saved_<mesh>.npz``)."""
+    with np.load(os.path.join(_checkpoint_folder(layout), f"saved_{name}.npz")) as arrays:
         return {kind: [arrays[k] for k in sorted((k for k in arrays.files if k.startswith(kind + "_")),
                                                   key=lambda k: int(k.rsplit("_", 1)[1]))]
                 for kind in ("params", "optimizer")}
@@ -403,6 +457,45 @@ def par_checkpoints_one(state: dict) -> dict:
     each mesh (run after it, sharing its folder)."""
     acc = Accelerator(parallelism_config=None, project_dir=os.path.join(_checkpoint_folder(), "load_one"))
     setup = _setup(acc, momentum=MOMENTUM)
-    acc.prepare(unified.DataLoader(Samples(CKPT_SAMPLES), batch_size=BATCH, shuffle=True, seed=0))
+    loader = acc.prepare(unified.DataLoader(Samples(CKPT_SAMPLES), batch_size=BATCH, shuffle=True, seed=0))
     state["acc"] = acc
-    return {"loads": _load_every(acc, setup, {name: _saved(name) for name in MESHES})}
+    saved, folders = {name: _saved(name) for name in MESHES}, {}
+    for name in MESHES:  # and those of the group whose processes hold several devices, where it ran
+        if os.path.exists(os.path.join(_checkpoint_folder(DEVICES), f"saved_{name}.npz")):
+            saved[f"{DEVICES}/{name}"] = _saved(name, DEVICES)
+            folders[f"{DEVICES}/{name}"] = os.path.join(_checkpoint_folder(DEVICES), name)
+    return {"loads": _load_every(acc, setup, loader, saved, folders=folders)}
+
+
+# -- several devices per process --------------------------------------------------------------------
+# The same meshes over 4 devices held by 2 processes (2 each): the scenarios above, run by a group
+# of 2 processes each started with its backend's `Kit.local_devices(2)` (JAX: 2 CPU devices from
+# XLA_FLAGS), so a backend that cannot give a process several devices skips them, saying why. A
+# process holds consecutive positions of the mesh: on HSDP 2 x 2 and dp_shard 4 its two devices
+# are two data-parallel ranks, which split its batch; on dp_shard 2 x tp 2 one tensor-parallel
+# group; on tp 4 half of one. The group saves in its own folders and loads the states the 4
+# processes saved (run after `par_checkpoints`, sharing its folder).
+DEVICES = "devices"
+DEVICES_PER_PROCESS = 2
+_DEVICE_NEEDS = dict(requires=("TrainingObjects", "TrainingLoop", "ShardedTraining"), kit=("local_devices",),
+                     processes=(2,))
+
+
+@scenario(**_DEVICE_NEEDS)
+def par_devices_train(state: dict) -> dict:
+    """`par_train` on 2 processes of 2 devices each."""
+    return par_train(state)
+
+
+@scenario(**_DEVICE_NEEDS)
+def par_devices_resume(state: dict) -> dict:
+    """`par_resume` on 2 processes of 2 devices each (its own folder)."""
+    return _resume(state, os.path.join(os.environ["UNIFIED_TEST_SHARED"], f"parallel_resume_{DEVICES}"))
+
+
+@scenario(**_DEVICE_NEEDS)
+def par_devices_checkpoints(state: dict) -> dict:
+    """`par_checkpoints` on 2 processes of 2 devices each: every mesh saves, then loads every
+    other mesh's state of this group and every mesh's state of the 4 processes
+    (``"processes/<mesh>"``)."""
+    return _checkpoints(state, DEVICES, others="")

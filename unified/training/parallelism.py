@@ -226,21 +226,27 @@ class ParallelismConfig:
                                                                     "sp_backend": self.sp_backend}
 
     # -- unified's checks ---------------------------------------------------------------------------
-    def check_processes(self, num_processes: int) -> None:
+    def check_processes(self, num_processes: int, devices_per_process: int = 1) -> None:
         """Fit the configuration to the group, as Accelerate's ``_validate_accelerator``: all
         sizes 1 on several processes means ``dp_replicate_size=num_processes``; otherwise the
-        sizes' product must be the process count.
+        sizes' product must be the process count. Where each process holds several devices of
+        the mesh (JAX: ``devices_per_process``), it is a mesh of devices: the sizes' product
+        must be the device count (and all 1 means ``dp_replicate_size`` = the devices).
 
         Example:
             >>> config = ParallelismConfig()
             >>> config.check_processes(4); config.dp_replicate_size
             4
+            >>> ParallelismConfig(dp_shard_size=2, tp_size=2).check_processes(2, devices_per_process=2)
         """
-        if self.total_size == 1 and num_processes > 1:
-            self.dp_replicate_size = num_processes
-        if self.total_size != num_processes:
+        devices = num_processes * devices_per_process
+        if self.total_size == 1 and devices > 1:
+            self.dp_replicate_size = devices
+        if self.total_size != devices:
+            what = f"num_processes ({num_processes})" if devices_per_process == 1 else (
+                f"the mesh's {devices} devices ({num_processes} processes x {devices_per_process} devices each)")
             raise ValueError(
-                f"ParallelismConfig total_size ({self.total_size}) does not match num_processes ({num_processes}). "
+                f"ParallelismConfig total_size ({self.total_size}) does not match {what}. "
                 "Please adjust dp_replicate_size/dp_shard_size/tp_size/cp_size/sp_size." + see("parallelism-config"))
 
     @property
@@ -248,9 +254,10 @@ class ParallelismConfig:
         """True when a prepared model's parameters are split (``dp_shard`` or ``tp``)."""
         return self.dp_shard_enabled or self.tp_enabled
 
-    def place_of(self, process_index: int) -> "MeshPlace":
-        """Where process ``process_index`` sits on the mesh (`MeshPlace`)."""
-        return MeshPlace.of(self, process_index)
+    def place_of(self, process_index: int, devices_per_process: int = 1) -> "MeshPlace":
+        """Where process ``process_index`` sits on the mesh (`MeshPlace`); with
+        ``devices_per_process`` > 1 it holds that many consecutive positions (JAX)."""
+        return MeshPlace.of(self, process_index, devices_per_process)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,28 +265,59 @@ class MeshPlace:
     """A process's coordinates on the mesh of a `ParallelismConfig` (row-major, ``tp``
     innermost) and the data-parallel rank its batches follow.
 
+    A process may hold several consecutive positions of the mesh (JAX: several devices per
+    process, ``devices``); its coordinates and ``data_rank`` are those of its first one, and
+    ``data_ranks_held`` is how many data-parallel ranks its positions span. Such a process
+    reads one batch for all of them (split evenly over them, as JAX splits a process's batch
+    over its devices): the ranks prepared loaders follow are `feeding`'s. A process may hold
+    whole tensor-parallel groups (``devices`` a multiple of ``tp_size``) or part of one
+    (``tp_size`` a multiple of ``devices``); anything else (a data rank split between two
+    processes) is a `ValueError`.
+
     Example:
         >>> place = ParallelismConfig(dp_shard_size=2, tp_size=2).place_of(3)
         >>> place.coordinates, place.data_rank, place.data_size
         ({'dp_replicate': 0, 'dp_shard': 1, 'tp': 1}, 1, 2)
+        >>> hsdp = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).place_of(1, devices_per_process=2)
+        >>> hsdp.data_rank, hsdp.data_ranks_held, (hsdp.feeding.data_rank, hsdp.feeding.data_size)
+        (2, 2, (1, 2))
     """
 
     coordinates: Dict[str, int]
     data_rank: int
     data_size: int
+    devices: int = 1  # consecutive mesh positions this process holds (its devices)
+    data_ranks_held: int = 1  # data-parallel ranks among them
 
     @classmethod
-    def of(cls, config: ParallelismConfig, process_index: int) -> "MeshPlace":
+    def of(cls, config: ParallelismConfig, process_index: int, devices: int = 1) -> "MeshPlace":
         names, sizes = config.mesh_shape()
         coordinates: Dict[str, int] = {}
-        rest = process_index
+        rest = process_index * devices  # the first of this process's positions
         for name, size in reversed(list(zip(names, sizes))):
             coordinates[name] = rest % size
             rest //= size
         ordered = {d: coordinates.get(d, 0) for d in ("dp_replicate", "dp_shard", "tp")}
         data_size = config.data_parallel_size
         data_rank = ordered["dp_replicate"] * config.dp_shard_size + ordered["dp_shard"]
-        return cls(ordered, data_rank, data_size)
+        tp = config.non_data_parallel_size
+        if devices % tp and tp % devices:
+            raise ValueError(
+                f"each process holds {devices} devices of the mesh and a tensor-parallel group is {tp} devices: a "
+                "process would hold parts of two groups, and a data-parallel rank's rows would come from two "
+                "processes. Use a tp_size that divides the devices per process or is a multiple of it."
+                + see("parallelism-config"))
+        return cls(ordered, data_rank, data_size, devices, max(1, devices // tp))
+
+    @property
+    def feeding(self) -> "MeshPlace":
+        """The place prepared loaders follow: this one, or, for a process holding several
+        data-parallel ranks, one rank per process (``data_rank // data_ranks_held`` of
+        ``data_size // data_ranks_held``), whose batch the process splits over its ranks."""
+        if self.data_ranks_held == 1:
+            return self
+        held = self.data_ranks_held
+        return MeshPlace(self.coordinates, self.data_rank // held, self.data_size // held, self.devices, 1)
 
 
 def sharding_plugin(config: Optional[ParallelismConfig], plugin: Any, plugin_class: Any) -> Any:
@@ -302,11 +340,12 @@ def sharding_plugin(config: Optional[ParallelismConfig], plugin: Any, plugin_cla
     return plugin
 
 
-def check_parallelism(config: ParallelismConfig, num_processes: int, user_plugin: bool) -> None:
+def check_parallelism(config: ParallelismConfig, num_processes: int, user_plugin: bool,
+                      devices_per_process: int = 1) -> None:
     """`ParallelismConfig.check_processes`, and Accelerate's refusal of an ``fsdp_plugin``
     with no dimension to shard over (``dp_shard_size`` 1)."""
-    config.check_processes(num_processes)
-    if user_plugin and num_processes > 1 and not config.dp_shard_enabled:
+    config.check_processes(num_processes, devices_per_process)
+    if user_plugin and config.total_size > 1 and not config.dp_shard_enabled:
         raise ValueError("FSDP is enabled but the parallelism config has no dimension for FSDP to shard across "
                          "(dp_shard_size is 1): set dp_shard_size (HSDP: with dp_replicate_size), or leave out "
                          "fsdp_plugin." + see("parallelism-config"))
