@@ -14,13 +14,13 @@ Contenders, each writing the same state (the model and optimizer of benchmarks/c
 ``size_gb`` in all) under its own prefix of the bucket, every round's prefix deleted after it:
 
 * ``ours``: ``save_state("s3://…")`` (synchronous: committed and durable when it returns) and
-  ``load_state`` (every byte verified before anything is restored);
-* ``ours``'s load downloads each object once, verifying it, into a private local copy, and reads
-  the large arrays from that copy into the live ones (bounded memory);
-* ``ours_two_downloads``: ``UNIFIED_STORE_LOAD_COPY=0``: the large objects are downloaded a second
-  time instead of read from the local copy (bounded memory, no local disk; the only way before);
-* ``ours_one_pass``: the same with ``UNIFIED_IN_PLACE_MIN_BYTES`` above every array: the load
-  downloads each object once, into fresh memory (a second copy of the state at the peak);
+  ``load_state``, which downloads each object once, straight into the live arrays, hashed as it
+  streams (issue 48: one pass, no local copy);
+* ``ours_verify_first``: ``load_state(url, verify_first=True)``: every object downloaded and
+  verified first, into a private local copy, then the large arrays read from that copy into the
+  live ones (the order before issue 48, kept as an option);
+* ``ours_verify_first_two_downloads``: the same with ``UNIFIED_STORE_LOAD_COPY=0``: the large
+  objects downloaded a second time instead of read from the local copy;
 * ``ours_async``: ``save_state(url, async_save=True)`` (the blocking part) and
   ``wait_for_checkpoint()``;
 * ``dcp_fsspec`` (torch): ``torch.distributed.checkpoint`` with its fsspec storage
@@ -42,6 +42,7 @@ them, one more untimed round records each load's peak RSS beyond the live state
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import warnings
@@ -66,16 +67,15 @@ from benchmarks.checkpointing import (
     torch_tensors,
 )
 from benchmarks.runner import GB, PartFailed, cells, emit, environment, log, module, print_command, run_part, table
-from unified.runtime.environment import IN_PLACE_VARIABLE, LOAD_COPY_VARIABLE
+from unified.runtime.environment import LOAD_COPY_VARIABLE
 
-RAW_TARGET = 1.3  # issue 29: ours within 1.3x the raw transfer
+RAW_TARGET = {"save": 1.3, "load": 1.15}  # ours within this of the raw transfer (issue 29; the load: issue 48)
 NAMES = ("save", "load")
 
 
 def _with_variable(run: Callable[..., Dict[str, Any]], name: str, value: str) -> Callable[..., Dict[str, Any]]:
-    """``run`` with the environment variable ``name`` set to ``value``: `IN_PLACE_VARIABLE` above
-    every array (a load reads each array in the verifying pass, into fresh memory), or
-    `LOAD_COPY_VARIABLE` 0 (the large objects downloaded again instead of kept on local disk)."""
+    """``run`` with the environment variable ``name`` set to ``value`` (`LOAD_COPY_VARIABLE` 0: a
+    load that verifies first downloads the large objects again instead of keeping them on local disk)."""
     def with_variable(url: str, memory: bool = False) -> Dict[str, Any]:
         with environment(**{name: value}):
             return run(url, memory)
@@ -101,8 +101,10 @@ def torch_part(args: argparse.Namespace) -> Dict[str, Any]:
     ours.prepare(model, optimizer)
     probe = torch_probe(model, optimizer)
     run_ours = contender(ours.save_state, ours.load_state, probe, names=NAMES)
-    contenders = {"ours": run_ours, "ours_two_downloads": _with_variable(run_ours, LOAD_COPY_VARIABLE, "0"),
-                  "ours_one_pass": _with_variable(run_ours, IN_PLACE_VARIABLE, str(1 << 62)),
+    verified_first = contender(ours.save_state, functools.partial(ours.load_state, verify_first=True), probe,
+                               names=NAMES)
+    contenders = {"ours": run_ours, "ours_verify_first": verified_first,
+                  "ours_verify_first_two_downloads": _with_variable(verified_first, LOAD_COPY_VARIABLE, "0"),
                   "ours_async": async_contender(ours, blocking="save (blocking)", total="save"),
                   "dcp_fsspec": dcp_contender(model, optimizer, probe, storage="fsspec", names=NAMES),
                   "raw": raw_limit(lambda: torch_arrays(model, optimizer), names=NAMES)}
@@ -143,9 +145,10 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace) -> str:
                   table(header, "llrrrrr", rows)]
         ours_save = statistics.median(samples["ours"]["save"]) / statistics.median(samples["raw"]["save"])
         ours_load = statistics.median(samples["ours"]["load"]) / statistics.median(samples["raw"]["load"])
-        lines += ["", f"Goal: within {RAW_TARGET}x the raw transfer: save {ours_save:.2f}x "
-                      f"({'met' if ours_save <= RAW_TARGET else 'NOT met'}), load {ours_load:.2f}x "
-                      f"({'met' if ours_load <= RAW_TARGET else 'NOT met'}).", ""]
+        lines += ["", f"Goal: within {RAW_TARGET['save']}x the raw transfer for a save: {ours_save:.2f}x "
+                      f"({'met' if ours_save <= RAW_TARGET['save'] else 'NOT met'}); within "
+                      f"{RAW_TARGET['load']}x for a load, with no local copy: {ours_load:.2f}x "
+                      f"({'met' if ours_load <= RAW_TARGET['load'] else 'NOT met'}).", ""]
         if "dcp_fsspec" in samples:
             for op in ("save", "load"):
                 mine, theirs = (statistics.median(samples[n][op]) for n in ("ours", "dcp_fsspec"))

@@ -210,6 +210,19 @@ class JaxBackend(JaxControlPlane, JaxData, Backend, TrainingObjects, KeyStream, 
         self._key_seed, self._key_counter = (int(v) for v in np.asarray(state["jax_key_stream"]))
 
     # -- arrays in checkpoints -------------------------------------------------------------------------
+    def begin_host_copies(self, values: Sequence[Any]) -> None:
+        # a save exports its arrays one by one (`host_copy`: device_get each); on a GPU that is
+        # one transfer after another unless every copy has begun first
+        for value in values:
+            if not isinstance(value, jax.Array) or is_key(value):
+                continue
+            if not value.is_fully_addressable:
+                if not value.is_fully_replicated:
+                    continue
+                value = value.addressable_shards[0].data
+            if any(device.platform != "cpu" for device in value.devices()):
+                value.copy_to_host_async()
+
     def export_array(self, value: Any):
         from unified.checkpoint.safetensors_io import export_numpy
 

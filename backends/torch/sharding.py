@@ -20,6 +20,7 @@ RNG, data positions) are `unified`'s; this module only holds the torch primitive
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -226,13 +227,18 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         full = self._fsdp_plugin.state_dict_type == "FULL_STATE_DICT" and self.num_processes > 1
         options = StateDictOptions(full_state_dict=full, strict=True)
         if kind == "model":
-            set_model_state_dict(self.unwrap_model(obj), state, options=options)
+            model = self.unwrap_model(obj)
+            if not full:  # whole arrays (saved replicated on another mesh) placed as this run's
+                state = _placed_like(state, self.sharded_state_of(kind, obj))
+            set_model_state_dict(model, state, options=options)
             return True
         if kind == "optimizer":
             inner = getattr(obj, "optimizer", obj)
             model = self._model_of(inner)
             if model is None:
                 return False
+            if not full:  # (its state made first, by a step that changes nothing: `_init_optim_state`)
+                state = _placed_like(state, self.sharded_state_of(kind, obj))
             set_optimizer_state_dict(model, inner, state, options=options)
             return True
         return False
@@ -309,6 +315,9 @@ class TorchSharding(ShardedTraining, ShardedArrays):
 
     hashes_while_reading = True
     sharded_to_store = True  # HashingWriter / HashingReader stream to and from an object store
+    # an array this run's object lacks (``like``: None) is read whole: a plain optimizer has no
+    # state before its first step, and keys it by parameter index where DCP saved it by name
+    reads_without_counterpart = True
 
     def load_sharded(self, directory: str, like: Mapping[str, Any], options: ShardedLoad) -> ShardedRead:
         """Read into new tensors placed like ``like`` (DCP reshards onto this run's processes),
@@ -330,10 +339,18 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         from .storage import HashingReader
 
         # one reader for both passes; a folder's files are read where they are (copy_to is for a store's)
-        reader = HashingReader(directory, defer=options.defer,
-                               copy_to=options.copy_to if options.defer and is_url(directory) else None)
+        one_pass = options.defer and options.hash_files and options.hash_when_placed
+        copy_to = options.copy_to if options.defer and is_url(directory) and not one_pass else None
+        reader = HashingReader(directory, defer=options.defer, hash_when_placed=one_pass, copy_to=copy_to)
+        if any(value is None for value in like.values()):  # `reads_without_counterpart`
+            like = _whole_where_lacking(directory, like, reader)
         if options.defer:
             _dcp_load(directory, dict(like), reader)  # plans and hashes; fills no tensor
+            if reader.deferred and reader.whole:  # one pass: read and hashed as each is made
+                return ShardedRead({key: _FillWhole(value, reader, reader.files_of.get(key, []))
+                                    for key, value in like.items()}, reader.hashed,
+                                   hashed_later=tuple(sorted(os.path.basename(path) for path in reader.whole)),
+                                   later_hashes=lambda: dict(reader.hashed_later))
             if reader.deferred:
                 return ShardedRead({key: _FillInPlace(value, reader.fills.get(key, [])) for key, value in like.items()},
                                    reader.hashed)
@@ -341,6 +358,27 @@ class TorchSharding(ShardedTraining, ShardedArrays):
         target = {key: torch.empty_like(value) for key, value in like.items()}
         _dcp_load(directory, target, reader)
         return ShardedRead(target, reader.hashed)
+
+
+def _whole_where_lacking(directory: str, like: Mapping[str, Any], reader: Any) -> Dict[str, Any]:
+    """``like`` with each None (an array the live object lacks) replaced by a fresh host tensor
+    of the whole array's shape and dtype, from the shard files' headers (DCP's metadata)."""
+    try:
+        saved = reader.read_metadata().state_dict_metadata
+    except (RuntimeError, ValueError, KeyError, OSError) as err:
+        raise CheckpointError(f"{directory}: the sharded arrays' headers cannot be read ({_first_line(err)}); "
+                              "nothing was restored." + see("sharded-load-failed")) from err
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    whole = dict(like)
+    for key, value in like.items():
+        if value is None:
+            meta = saved.get(key)
+            if not isinstance(meta, TensorStorageMetadata):
+                raise CheckpointError(f"{directory}: no shard file holds the sharded array {key!r} that the "
+                                      "manifest lists; nothing was restored." + see("sharded-load-failed"))
+            whole[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    return whole
 
 
 def _dcp_load(directory: str, target: Dict[str, Any], reader: Any) -> None:
@@ -370,10 +408,44 @@ class _FillInPlace(DeferredArray):
         return self._value
 
 
+class _FillWhole(DeferredArray):
+    """A sharded tensor (``value``: the one the object holds) filled in one pass: `make` reads
+    the files it comes from whole into every tensor they hold (`HashingReader.fill_whole`, once
+    per file, hashed as it goes) and returns it."""
+
+    def __init__(self, value: Any, reader: Any, paths: List[str]) -> None:
+        self._value, self._reader, self._paths = value, reader, paths
+        self.shape, self.dtype = tuple(value.shape), value.dtype
+
+    def make(self) -> Any:
+        self._reader.fill_whole(self._paths)
+        return self._value
+
+
 def _is_fsdp(model: Any) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def _placed_like(state: Any, live: Any) -> Any:
+    """``state`` with each plain tensor whose counterpart in ``live`` (this run's state, the same
+    keys) is a DTensor of its shape made a DTensor placed like it, from this process's part of
+    the whole tensor (no collective). A checkpoint saved on another mesh holds whole the arrays
+    replicated there (a bias under ``RowwiseParallel``), which this run may shard (FSDP2's
+    ``Shard(0)``): DTensor's in-place ``copy_`` cannot change the placement of a replicated source."""
+    DTensor = _dtensor()
+    if isinstance(state, torch.Tensor) and not isinstance(state, DTensor):
+        if isinstance(live, DTensor) and tuple(live.shape) == tuple(state.shape):
+            from torch.distributed.tensor import distribute_tensor
+
+            return distribute_tensor(state, live.device_mesh, live.placements, src_data_rank=None)
+        return state
+    if isinstance(state, dict) and isinstance(live, Mapping):
+        return {k: _placed_like(v, live[k]) if k in live else v for k, v in state.items()}
+    if isinstance(state, (list, tuple)) and isinstance(live, (list, tuple)) and len(state) == len(live):
+        return type(state)(_placed_like(v, w) for v, w in zip(state, live))
+    return state
 
 
 def _placeholders(state: Any) -> Any:

@@ -132,7 +132,8 @@ class HashingReader(HuggingFaceStorageReader):
     """
 
     def __init__(self, path: str, defer: bool = False,
-                 copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> None:
+                 copy_to: Optional[Callable[[str, int], Optional[str]]] = None,
+                 hash_when_placed: bool = False) -> None:
         super().__init__(path)
         self.target = path  # a folder or an object store's URL (DCP's Path would mangle "s3://")
         self.store = location_of(path) if is_url(path) else None
@@ -148,6 +149,14 @@ class HashingReader(HuggingFaceStorageReader):
         self.copy_to = copy_to
         self.fills: Dict[str, List[Fill]] = {}
         self.deferred = False
+        # one pass (``hash_when_placed``, with ``defer``): the files needed whole are neither hashed
+        # nor copied now; `fill_whole` reads each straight into its tensors, hashed in that pass,
+        # when the first array that needs it is made. ``whole``: path -> its tensors by entry;
+        # ``files_of``: the state dict's key -> the files its tensor is filled from
+        self.hash_when_placed = hash_when_placed
+        self.whole: Dict[str, Dict[str, Tuple[ReadItem, torch.Tensor]]] = {}
+        self.files_of: Dict[str, List[str]] = {}
+        self.hashed_later: Dict[str, Dict[str, Any]] = {}
         # on a store: each object's size and header (data start, entries), read by read_metadata
         self._headers: Dict[str, Tuple[int, int, Dict[str, Tuple[str, Tuple[int, ...], int, int]]]] = {}
         self._metadata: Optional[Metadata] = None
@@ -254,6 +263,11 @@ class HashingReader(HuggingFaceStorageReader):
                 return False
             plans.append((path, size, start, entries, targets))
         for path, size, start, entries, targets in plans:
+            if self.hash_when_placed:  # read and hashed when placed (`fill_whole`)
+                self.whole[path] = targets
+                for item, _ in targets.values():
+                    self.files_of.setdefault(item.dest_index.fqn, []).append(path)
+                continue
             checks: Dict[str, Any] = {}
             local = path
             if self.store is not None:  # asked just before each copy: the disk's room after the ones before
@@ -293,6 +307,33 @@ class HashingReader(HuggingFaceStorageReader):
         targets = self._whole_targets(path, items, planner)
         if targets is None:
             return False
+        hashed = self._read_into_targets(path, targets)
+        if hashed is None:
+            return False
+        for item, target in targets.values():
+            planner.commit_tensor(item, target)
+        self.hashed[os.path.basename(path)] = hashed
+        return True
+
+    def fill_whole(self, paths: List[str]) -> None:
+        """One pass: read each of ``paths`` (files of `whole`) straight into its tensors, hashing
+        every byte as it goes, once (later calls skip a file already read); its size and xxh3
+        go to `hashed_later` for the manager to compare."""
+        for path in paths:
+            name = os.path.basename(path)
+            if name in self.hashed_later:
+                continue
+            hashed = self._read_into_targets(path, self.whole[path])
+            if hashed is None:  # its header said otherwise when the load planned it
+                raise CheckpointError(f"{path}: changed while it was read into the live objects; they now hold "
+                                      "part of this checkpoint: load it (or another) again before training."
+                                      + see("changed-while-placed"))
+            self.hashed_later[name] = hashed
+
+    def _read_into_targets(self, path: str, targets: Dict[str, Tuple[ReadItem, torch.Tensor]]
+                           ) -> Optional[Dict[str, Any]]:
+        """``path`` read whole into the tensors of ``targets`` (by entry), hashed in the same pass:
+        its size and xxh3, or None (nothing read) when an entry does not fit its tensor."""
         filled = set()
 
         def destination(key: str, dtype: str, shape: Tuple[int, ...]) -> Optional[np.ndarray]:
@@ -313,11 +354,8 @@ class HashingReader(HuggingFaceStorageReader):
             with self.store.reading(path) as handle:
                 hashed = safetensors_io.read_stream_into(handle, path, self._headers[path][0], destination)
         if hashed is None:
-            return False
+            return None
         if filled != set(targets):  # the file lost entries since DCP read its header
             raise CheckpointError(f"{path}: holds no {sorted(set(targets) - filled)[0]!r} any more; it changed "
                                   "while it was read. Nothing was restored." + see("file-ended"))
-        for item, target in targets.values():
-            planner.commit_tensor(item, target)
-        self.hashed[os.path.basename(path)] = hashed
-        return True
+        return hashed

@@ -75,7 +75,7 @@ def test_a_file_changed_after_it_was_verified_is_refused_before_anything_is_rest
     before = _snapshot(model, optimizer)
     change_after_verification(monkeypatch, "model_0.safetensors")  # after the first pass, before the second
     with pytest.raises(CheckpointError, match="changed after it was verified; nothing was restored"):
-        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     after = _snapshot(model, optimizer)
     assert _equal(after[0], before[0]) and _equal(after[1], before[1])
     acc.end_training()
@@ -86,7 +86,7 @@ def test_a_file_changed_while_it_is_read_into_place_is_reported_as_partly_restor
     acc.save_state(str(tmp_path / "ckpt"))
     change_after_verification(monkeypatch, "model_0.safetensors", seen=False)  # as if it changed mid-read
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
-        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert "model_0.safetensors" in str(caught.value) and "#changed-while-placed" in str(caught.value)
     acc.end_training()
 
@@ -103,7 +103,7 @@ def _resuming(tmp_path):
 
 
 def test_the_first_pass_over_files_read_into_place_runs_beside_the_reads_into_fresh_memory(tmp_path, monkeypatch):
-    """A resume: the model's first pass (hashing) and the optimizer's read into fresh memory
+    """A resume verified first: the model's first pass (hashing) and the optimizer's read into fresh memory
     overlap (they used to run one after the other), and the load is still exact."""
     from unified.checkpoint import store
 
@@ -125,7 +125,7 @@ def test_the_first_pass_over_files_read_into_place_runs_beside_the_reads_into_fr
 
     monkeypatch.setattr(store.Folder, "verify", slow_verify)
     monkeypatch.setattr(store.Folder, "read", timed_read)
-    acc.load_state(str(tmp_path / "ckpt"))
+    acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert times["verify"][0] <= times["read"] < times["verify"][1], times
     assert len(optimizer.optimizer.state) == 4  # every parameter's moments came back
     acc.end_training()
@@ -133,14 +133,14 @@ def test_the_first_pass_over_files_read_into_place_runs_beside_the_reads_into_fr
 
 @pytest.mark.parametrize("damaged,named", [(("model_0", "optimizer_0"), "model_0"), (("optimizer_0",), "optimizer_0")])
 def test_damaged_files_are_named_in_the_objects_order_and_nothing_is_restored(tmp_path, damaged, named):
-    """With the first passes on a thread of their own, the error is still the first object's
-    (as when the files were read one by one), and nothing was restored."""
+    """Verified first: with the first passes on a thread of their own, the error is still the
+    first object's (as when the files were read one by one), and nothing was restored."""
     acc, model, optimizer = _resuming(tmp_path)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for name in damaged:
         flip_a_byte(str(tmp_path / "ckpt" / f"{name}.safetensors"))
     with pytest.raises(CheckpointError, match="checksum") as caught:
-        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert f"{named}.safetensors" in str(caught.value)
     assert _equal(model.state_dict(), before) and not optimizer.optimizer.state
     acc.end_training()
@@ -254,7 +254,7 @@ def _intervals(monkeypatch, cls, method):
 
 
 def test_both_passes_read_the_files_side_by_side_and_report_failures_in_the_objects_order(tmp_path, monkeypatch):
-    """Each file is one hash stream: a load verifies, then reads into place, the model's and the
+    """Each file is one hash stream: a load that verifies first, then reads into place, the model's and the
     optimizer's files at the same time (they used to go one after the other), still exactly, and
     a failure of both is reported for the first object's file."""
     from unified.checkpoint import store
@@ -266,7 +266,7 @@ def test_both_passes_read_the_files_side_by_side_and_report_failures_in_the_obje
     _step(acc, model, optimizer)
     verified = _intervals(monkeypatch, store.Folder, "verify")
     placed = _intervals(monkeypatch, store.Folder, "read_placed")
-    acc.load_state(str(tmp_path / "ckpt"))
+    acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert _snapshot(model, optimizer)[0].keys() == saved[0].keys()
     assert all(_equal(a, b) for a, b in zip(_snapshot(model, optimizer), saved))
     for seen in (verified, placed):
@@ -276,6 +276,6 @@ def test_both_passes_read_the_files_side_by_side_and_report_failures_in_the_obje
     change_after_verification(monkeypatch, "optimizer_0.safetensors", seen=False)
     change_after_verification(monkeypatch, "model_0.safetensors", seen=False)
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
-        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert "model_0.safetensors" in str(caught.value) and "optimizer_0" not in str(caught.value)
     acc.end_training()

@@ -73,7 +73,7 @@ def test_a_file_changed_while_arrays_are_replaced_is_reported_as_partly_restored
     acc.save_state(str(tmp_path / "ckpt"))
     change_after_verification(monkeypatch, "model_0.safetensors", seen=False)  # as if it changed mid-read
     with pytest.raises(CheckpointError, match="changed while it was read into the live objects") as caught:
-        acc.load_state(str(tmp_path / "ckpt"))
+        acc.load_state(str(tmp_path / "ckpt"), verify_first=True)
     assert "model_0.safetensors" in str(caught.value) and "#changed-while-placed" in str(caught.value)
     acc.end_training()
 

@@ -52,3 +52,31 @@ def test_a_measured_call_reports_its_peak_beyond_the_live_state():
         pytest.skip("needs /proc/self/status (Linux)")
     got = runner.measured(lambda: np.ones(100 << 20, np.uint8).sum())  # 100 MiB, freed before it returns
     assert got["s"] > 0 and runner.beyond(got) >= 80 << 20
+
+
+def test_a_resume_is_judged_by_issue_48s_measures():
+    def resume(medians, peak_mb):
+        names = {bench.RESUME[key]: [value * 0.9, value, value * 1.2] for key, value in medians.items()}
+        return {"samples": names, "peaks": {name: [peak_mb * 1e6] * 3 for name in names}, "bytes": 1.5e9,
+                "peer_versions": {"fastsafetensors": "0.5.0"}}
+
+    results = [{"framework": "torch", "resume": resume({"floor": 0.50, "warm": 0.27, "ours": 0.54, "accelerate": 0.65,
+                                                        "runai": 0.70, "fastsafetensors": 0.60}, 1)},
+               {"framework": "jax", "resume": resume({"floor": 0.40, "warm": 0.27, "ours": 0.58, "orbax": 0.60,
+                                                      "orbax_uncompressed": 0.50, "fastsafetensors": 0.55}, 300)}]
+    rows = bench._resume_verdict(results)[2:]
+    torch_rows = {line.split(" | ")[1]: line for line in rows if line.startswith("| torch")}
+    jax_rows = {line.split(" | ")[1]: line for line in rows if line.startswith("| jax")}
+    assert torch_rows["ours / raw floor (median)"].endswith("| 1.08x | <= 1.1x | yes |")
+    assert torch_rows[f"{bench.RESUME['accelerate']} / ours (speed-up)"].endswith("| 1.20x | >= 1.1x | yes |")
+    assert torch_rows[f"fastest peer: {bench.RESUME['fastsafetensors']} / ours (speed-up)"].endswith(
+        "| 1.11x | > 1x | yes |")
+    assert jax_rows["ours / raw floor (median)"].endswith("| 1.45x | <= 1.1x | **NO** |")
+    assert jax_rows[f"{bench.RESUME['orbax']} / ours (speed-up)"].endswith("| 1.03x | >= 1.1x | **NO** |")
+    assert jax_rows[f"{bench.RESUME['orbax_uncompressed']} / ours (speed-up)"].endswith("| 0.86x | | |")
+    assert jax_rows[f"fastest peer: {bench.RESUME['fastsafetensors']} / ours (speed-up)"].endswith("| **NO** |")
+    assert jax_rows["ours: peak RSS beyond the live state, worst round (MB)"].endswith("| 300 | | | <= 256 | **NO** |")
+    table = bench._load_table(results, "resume")
+    ours = next(line for line in table if line.startswith("| torch (1.50 GB) | ours |"))
+    assert "| 3 | 0.486 | 0.540 | 0.648 | 1.3x | 1.08x | 2.00x | 1 (1) |" in ours
+    assert any('{"fastsafetensors": "0.5.0"}' in line for line in table)

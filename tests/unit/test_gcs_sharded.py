@@ -39,7 +39,10 @@ def test_sharded_state_saves_to_gs_and_loads_on_2_and_3_processes(backend, tmp_p
     assert all(r["ran"] and r["supported"] for r in rows), rows
     for r in rows:
         assert r["sync_params"] and r["sync_optimizer"] and r["async_params"] and r["async_optimizer"], r
-        assert "checksum mismatch" in r["damaged"]["message"] and r["damaged"]["untouched"], r
+        damaged = r["damaged"]  # one pass: the objects may hold part of it; verified first: nothing restored
+        assert "checksum mismatch" in damaged["message"], r
+        assert damaged["untouched"] or "#damaged-while-placed" in damaged["message"], r
+        assert "checksum mismatch" in damaged["verify_first"]["message"] and damaged["verify_first"]["untouched"], r
     assert rows[0]["owners"] == [0, 1]  # every process wrote its own shard objects
     assert rows[0]["objects"] == sorted(rows[0]["manifest_files"] + ["manifest.json"])
     for r in three.scenario(shard_store_load_from_2):

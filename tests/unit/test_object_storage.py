@@ -194,22 +194,24 @@ def test_project_dir_may_be_a_url_and_local_paths_are_unchanged(tmp_path):
     assert isinstance(location_of("s3://bucket/run"), ObjectStore)
 
 
-def test_a_load_fills_the_live_arrays_from_its_verified_local_copy_not_a_second_download(
+def test_a_store_load_downloads_each_object_once_into_place_and_verify_first_reads_a_local_copy(
         bucket, accelerator_of, monkeypatch):
-    """The first pass downloads each file once, verifying it, into a private local copy; the
-    second reads that copy into the live arrays (before: a second download). The copies go when
-    load_state returns; UNIFIED_STORE_LOAD_COPY=0 downloads twice; an object changed on the store
-    after it was verified is still refused with nothing restored."""
+    """One pass (the default): each file read into place is downloaded once, hashed as it is
+    placed, with no verifying pass and no local copy. ``verify_first=True``: the first pass
+    downloads each file once, verifying it, into a private local copy; the second reads that copy
+    into the live arrays (not a second download). The copies go when load_state returns;
+    UNIFIED_STORE_LOAD_COPY=0 downloads twice; an object changed on the store after it was
+    verified is still refused with nothing restored."""
     from unified.checkpoint import store
 
     url, fs = bucket
-    monkeypatch.setenv("UNIFIED_IN_PLACE_MIN_BYTES", "0")  # every array into place: the two-pass load
+    monkeypatch.setenv("UNIFIED_IN_PLACE_MIN_BYTES", "0")  # every array into place
     acc, model, optimizer = accelerator_of()
     _step(acc, model, optimizer)
     saved = _params(model)
     acc.save_state(f"{url}/run/copy")
-    seen = {"store": [], "copy": []}
-    from_store, from_folder = store.ObjectStore.read_placed, store.Folder.read_placed
+    seen = {"store": [], "copy": [], "verify": []}
+    from_store, from_folder, verify = store.ObjectStore.read_placed, store.Folder.read_placed, store.ObjectStore.verify
 
     def store_read(self, path, *args):
         seen["store"].append(path)
@@ -219,24 +221,36 @@ def test_a_load_fills_the_live_arrays_from_its_verified_local_copy_not_a_second_
         seen["copy"].append(path)
         return from_folder(self, path, *args)
 
+    def verifying(self, path, *args, **options):
+        seen["verify"].append(path)
+        return verify(self, path, *args, **options)
+
     monkeypatch.setattr(store.ObjectStore, "read_placed", store_read)
     monkeypatch.setattr(store.Folder, "read_placed", copy_read)
+    monkeypatch.setattr(store.ObjectStore, "verify", verifying)
+    placed = ("model_0.safetensors", "optimizer_0.safetensors")  # (rng_0's arrays are read in one pass, as before)
     _step(acc, model, optimizer)
     acc.load_state(f"{url}/run/copy")
     assert _same(_params(model), saved)
-    placed = ("model_0.safetensors", "optimizer_0.safetensors")  # (rng_0's arrays are read in one pass, as before)
+    assert sorted(p.rsplit("/", 1)[1] for p in seen["store"] if p.endswith(placed)) == list(placed), seen
+    assert seen["copy"] == [] and not any(p.endswith(placed) for p in seen["verify"]), seen
+
+    for kept in seen.values():
+        kept.clear()
+    _step(acc, model, optimizer)
+    acc.load_state(f"{url}/run/copy", verify_first=True)
+    assert _same(_params(model), saved)
     assert not any(p.endswith(placed) for p in seen["store"]) and len(seen["copy"]) == 2, seen
     assert not any(os.path.exists(os.path.dirname(p)) for p in seen["copy"])  # removed with the load
 
     seen["copy"].clear()
     monkeypatch.setenv("UNIFIED_STORE_LOAD_COPY", "0")
     _step(acc, model, optimizer)
-    acc.load_state(f"{url}/run/copy")
+    acc.load_state(f"{url}/run/copy", verify_first=True)
     assert _same(_params(model), saved)
     assert any(p.endswith("model_0.safetensors") for p in seen["store"]) and seen["copy"] == [], seen
 
     monkeypatch.delenv("UNIFIED_STORE_LOAD_COPY")
-    verify = store.ObjectStore.verify
 
     def verify_then_rewrite(self, path, size, checksum, **options):
         identity = verify(self, path, size, checksum, **options)
@@ -250,7 +264,7 @@ def test_a_load_fills_the_live_arrays_from_its_verified_local_copy_not_a_second_
     _step(acc, model, optimizer)
     moved = _params(model)
     with pytest.raises(CheckpointError, match="changed after it was verified; nothing was restored"):
-        acc.load_state(f"{url}/run/copy")
+        acc.load_state(f"{url}/run/copy", verify_first=True)
     assert _same(_params(model), moved)
 
 

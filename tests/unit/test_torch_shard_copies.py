@@ -121,3 +121,54 @@ def test_a_folder_s_file_that_changed_after_the_first_pass_is_refused_when_made(
     with pytest.raises(CheckpointError, match="changed after it was verified" if identity_tells else "changed while"):
         for value in arrays.values():
             value.make()
+
+
+def _one_pass(where: str, like, copy_to=None):
+    return TorchSharding().load_sharded(where, like, ShardedLoad(hash_files=True, defer=True, copy_to=copy_to,
+                                                                 hash_when_placed=True))
+
+
+@pytest.mark.parametrize("location", ["folder", "store"])
+def test_one_pass_reads_each_file_once_straight_into_the_live_tensors_and_hashes_it_then(
+        location, store, tmp_path, monkeypatch):
+    """``hash_when_placed`` (issue 48): nothing is hashed or copied when the load plans; the first
+    array made reads its whole file into every live tensor it holds, hashed in that pass, and
+    the hashes come once the arrays are made (each file read once: before, hashed first and
+    read again)."""
+    from unified.checkpoint import safetensors_io
+
+    if location == "folder":
+        where = str(tmp_path / "sharded.dcp")
+        written = _save(where)
+    else:
+        where, written = store
+    reads = []
+    real_read_into = safetensors_io.read_into
+    monkeypatch.setattr(safetensors_io, "read_into", lambda path, *a: reads.append(path) or real_read_into(path, *a))
+    monkeypatch.setattr(safetensors_io, "hash_entries", lambda *a: pytest.fail("hashed before it was placed"))
+    like, asked = _zeros(), []
+    read = _one_pass(where, like, copy_to=lambda path, size: asked.append(path))
+    assert read.hashes == {} and read.hashed_later == tuple(sorted(written)) and read.later_hashes() == {}
+    assert asked == [] and all(not v.any() for v in like.values())  # no copy, nothing filled yet
+    for key in sorted(read.arrays):
+        made = read.arrays[key].make()
+        assert made is like[key] and torch.equal(made, SAVED[key])
+    assert read.later_hashes() == written
+    assert len(reads) == (1 if location == "folder" else 0)  # the file read once (a store's streamed once)
+
+
+def test_one_pass_gives_the_hash_of_a_damaged_file_as_it_is_and_the_manager_compares_it(tmp_path):
+    folder = str(tmp_path / "sharded.dcp")
+    written = _save(folder)
+    (name,) = os.listdir(folder)
+    with open(os.path.join(folder, name), "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+    like = _zeros()
+    read = _one_pass(folder, like)
+    for value in read.arrays.values():
+        value.make()
+    got = read.later_hashes()[name]
+    assert got["size"] == written[name]["size"] and got["xxh3"] != written[name]["xxh3"]

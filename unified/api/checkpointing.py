@@ -93,19 +93,19 @@ class Checkpointing:
             raise CheckpointError(reason if rank == 0 else f"a background save_state failed on process {rank}: {reason}"
                                   + see("background-save-failed"))
 
-    def load_state(self, input_dir: Optional[str] = None, *, if_exists: bool = False,
+    def load_state(self, input_dir: Optional[str] = None, *, if_exists: bool = False, verify_first: bool = False,
                    **load_kwargs: Any) -> Optional[str]:
         """Restore everything `save_state` wrote, in place, on every process.
 
         Without ``input_dir`` and with automatic naming, loads the newest checkpoint of
         ``{project_dir}/checkpoints`` that verifies; afterwards the next automatic save never
         collides. A damaged newer one (a checksum mismatch, a missing, truncated or unparseable
-        file or manifest, a hostile header: what verification finds before anything is
-        restored) is skipped and set aside as ``checkpoint_N.damaged`` (on a store: its manifest
-        moved to ``manifest.json.damaged``), never deleted, and the main process warns which one
-        and why; every process takes the same decision. Any other failure (the checkpoint does
-        not fit this run, a store out of reach) raises as it is. Accelerate's
-        ``map_location``/``strict`` keywords are accepted. Returns the directory.
+        file or manifest, a hostile header, found before or while its arrays are placed) is
+        skipped and set aside as ``checkpoint_N.damaged`` (on a store: its manifest moved to
+        ``manifest.json.damaged``), never deleted, and the main process warns which one and why;
+        every process takes the same decision. Any other failure (the checkpoint does not fit
+        this run, a store out of reach) raises as it is. Accelerate's ``map_location``/``strict``
+        keywords are accepted. Returns the directory.
 
         ``if_exists=True``: resume if there is a checkpoint, else start fresh: returns ``None``
         and changes nothing when there is none yet (no complete automatically named checkpoint,
@@ -113,23 +113,35 @@ class Checkpointing:
         naming it skips damaged checkpoints as above. The one line a script restarted by
         ``unified launch --max-restarts`` needs.
 
-        Raises `unified.CheckpointError` naming the file for a missing, truncated, corrupted or
-        mismatched checkpoint, before any object is modified: always for an explicit
-        ``input_dir`` (nothing is skipped or set aside then), and with automatic naming when no
-        checkpoint verifies, naming each one skipped, ``if_exists=True`` included (starting
-        fresh would silently throw away the training the damaged ones hold).
+        Every byte is read once: the manifest, each file's size and header and every object's
+        fit to this run are checked before any object is touched, then the arrays are read into
+        place and hashed as they go. Raises `unified.CheckpointError` on every process naming
+        the file: for a missing, truncated or mismatched checkpoint before any object is
+        modified; for bytes that fail their checksum while they are placed, naming the object as
+        well, with the objects holding part of the checkpoint (as after a failed load in
+        Accelerate, DCP or Orbax): load again before training; with automatic naming the load
+        goes on to the next newest checkpoint, which restores everything. An explicit
+        ``input_dir`` always raises (nothing is skipped or set aside then); with automatic
+        naming it raises when no checkpoint verifies, naming each one skipped, ``if_exists=True``
+        included (starting fresh would silently throw away the training the damaged ones hold).
+
+        ``verify_first=True``: every file is verified whole before any object is restored (the
+        large files are read twice), so that a failed load leaves the live state as it was: for
+        a script that must go on training its live state when a load fails.
 
         Example:
             >>> accelerator.load_state()                    # newest checkpoint that verifies
             >>> accelerator.load_state("ckpt/last")         # this one, or CheckpointError
             >>> accelerator.load_state(if_exists=True)      # resume, or start fresh
+            >>> accelerator.load_state("ckpt/last", verify_first=True)  # or nothing changes
         """
         unknown = set(load_kwargs) - {"map_location", "strict", "load_kwargs"}
         if unknown:
             raise TypeError(f"load_state() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
                             + see("load-unexpected-keyword"))
         self.wait_for_checkpoint()
-        return self._checkpoints.load(input_dir, self._state_hooks.run_load, if_exists=if_exists)
+        return self._checkpoints.load(input_dir, self._state_hooks.run_load, if_exists=if_exists,
+                                      verify_first=verify_first)
 
 
 def _pretty_name(obj: Any) -> str:

@@ -8,7 +8,7 @@ backend may add are in `unified.backend.capabilities`; see ``docs/adding-a-backe
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from ..errors import InvalidBackend, see
 
@@ -141,6 +141,15 @@ class Backend(abc.ABC):
     def export_array(self, value: Any) -> Exported:
         """``(safetensors dtype, shape, contiguous uint8 NumPy view of the bytes)`` of one array
         this process holds whole; raise `TypeError` for arrays it cannot hold whole."""
+
+    def begin_host_copies(self, values: Sequence[Any]) -> None:
+        """Start copying ``values`` (this framework's arrays about to be exported one by one with
+        `export_array`) from device memory to the host without waiting, so that the copies
+        overlap instead of running one after another (the default: nothing to start).
+
+        Example:
+            >>> backend.begin_host_copies(list(params.values()))   # JAX: copy_to_host_async each
+        """
 
     # Generators of `rng_state` that a checkpoint may lack: `set_rng_state` handles their absence
     # itself (torch: the CUDA generator, in a checkpoint saved without a GPU, with a warning).

@@ -232,6 +232,13 @@ class ShardedLoad:
     ``copy_to``: given with ``defer`` on an object store only: ``copy_to(url, size)`` names a new
     file in a private local folder where an object read whole may be streamed (or None: no room).
 
+    ``hash_when_placed``: with ``defer`` and ``hash_files``: one pass. The reader need not hash
+    the files it reads whole now: `DeferredArray.make` may read them straight into place,
+    hashing them as it goes (no local copy on a store). It names those files in
+    `ShardedRead.hashed_later` and gives their hashes through `ShardedRead.later_hashes` once
+    the arrays were made; the manager compares them then (a mismatch leaves the objects holding
+    part of the checkpoint, as any load that hashes as it places).
+
     Example:
         >>> backend.load_sharded(root, like, ShardedLoad(hash_files=True))
     """
@@ -239,6 +246,7 @@ class ShardedLoad:
     hash_files: bool = False
     defer: bool = False
     copy_to: Optional[Callable[[str, int], Optional[str]]] = None
+    hash_when_placed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +263,10 @@ class ShardedRead:
 
     arrays: Dict[str, Any]
     hashes: FileHashes = dataclasses.field(default_factory=dict)
+    # `ShardedLoad.hash_when_placed`: the files hashed only as `make` reads them into place, and
+    # their hashes once every deferred array was made (a file no array was made from is absent)
+    hashed_later: Tuple[str, ...] = ()
+    later_hashes: Callable[[], FileHashes] = dict
 
     @property
     def deferred(self) -> bool:
@@ -282,6 +294,11 @@ class ShardedArrays(abc.ABC):
     ``hashes_while_reading``, which is about folders). Without it, `save_state` to a store
     refuses sharded state before anything is written.
 
+    A backend with ``reads_without_counterpart`` takes ``None`` in ``like`` for an array of the
+    checkpoint that this run's object lacks (an optimizer before its first step: torch's holds
+    no state yet, or keys it otherwise) and reads it whole, as the checkpoint describes it;
+    without it, such a checkpoint is refused (``sharded-no-counterpart``).
+
     Example (a reader without hashing or bounded reads: the options are requests):
         >>> def load_sharded(self, directory, like, options):
         ...     return ShardedRead({key: my_read(directory, key, value) for key, value in like.items()})
@@ -290,6 +307,7 @@ class ShardedArrays(abc.ABC):
     sharded_format: str = "sharded"
     hashes_while_reading: bool = False
     sharded_to_store: bool = False
+    reads_without_counterpart: bool = False
 
     @abc.abstractmethod
     def is_sharded(self, value: Any) -> bool: ...

@@ -31,6 +31,8 @@ class Agreement:
     _own_save: bool
     _own_load: bool
     _falling_back: bool
+    _verify_first: bool
+    _placed_hashes: Optional[Tuple[Tuple[str, ...], Callable[[], Dict[str, Any]]]]
 
     def _decided_by_main(self, operation: str, where: str, decide: Callable[[], Any]) -> Any:
         """``decide()`` (a look at the checkpoint folder or store: a JSON value) on the main

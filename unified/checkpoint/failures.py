@@ -102,3 +102,17 @@ def _retention_error(final: str, err: OSError) -> CheckpointError:
                            f"(total_limit) or what crashed saves left failed: {_LINK.sub('', str(err))}. "
                            "A checkpoint leaves the listing before its files are deleted: none is left "
                            "half-deleted and still loadable." + see("retention-delete-failed"))
+
+
+def damaged_while_placed(err: Exception, what: str) -> CheckpointError:
+    """The error every process raises when a file failed its checks while ``what`` (an object,
+    or "the sharded arrays") was read into place in one pass: damage of the checkpoint
+    (`is_damage`, as ``err`` is), with the objects holding part of it."""
+    reason = _LINK.sub("", str(err)) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}"
+    failure = CheckpointError(
+        f"{reason} (found while {what} was read into place: the objects now hold part of this checkpoint); "
+        "load it (or another) again before training. "
+        "load_state(verify_first=True) verifies every file before it restores anything."
+        + see("damaged-while-placed"))
+    failure.damage = is_damage(err)  # type: ignore[attr-defined]
+    return failure

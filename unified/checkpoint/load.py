@@ -1,7 +1,7 @@
-"""Loading one checkpoint (collective): the manifest and every file verified before any object is
-touched, each object's state checked against this run (`_check_fits`, `Entry.check`), then the
-load-state hooks, the arrays read into place (`placement`, `sharded`), the objects and RNG
-restored (`rng_state`).
+"""Loading one checkpoint (collective): the manifest verified, the small files read and verified,
+each object's state checked against this run (`_check_fits`, `Entry.check`; a large file's from
+its header) before any object is touched, then the load-state hooks, the large arrays read into
+place and hashed as they go (`placement`, `sharded`), the objects and RNG restored (`rng_state`).
 """
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ class Loading(Agreement):
                     shutil.rmtree(folder, ignore_errors=True)
             self._hook_copy = self._load_copies = None
             self._read_after_check = None
+            self._placed_hashes = None
 
     def _load(self, directory: str, before_restore: Callable[[str], Collection[str]]) -> Dict[str, Any]:
         failure: Optional[BaseException] = None
@@ -199,9 +200,9 @@ class Loading(Agreement):
     def _read_objects(self, directory: str, manifest: Dict[str, Any], hook_saved: Collection[str],
                       sharded: Dict[str, str]) -> Dict[str, Any]:
         """Each object's file (those no save-state hook wrote), checked against the object: an
-        `InPlace` for a file whose large arrays are read into the live ones later (verified now:
-        the first pass), else its decoded state (with sharded arrays: its arrays, see
-        `_with_sharded`). The first passes run on a thread of their own while this one reads
+        `InPlace` for a file whose large arrays are read into the live ones later (its header
+        now, `_plan_placing`), else its decoded state (with sharded arrays: its arrays, see
+        `_with_sharded`). The headers are read on a thread of their own while this one reads
         the other files into fresh memory (a resumed optimizer's moments): on 2 cores they
         overlap. Failures are raised in the objects' order, as when they were read one by one."""
         structures = manifest["structures"]
@@ -209,8 +210,8 @@ class Loading(Agreement):
         mine_now = [(entry, codec.encode(entry.get_state(), self.backend.is_array, entry.name)[1])
                     for entry in self.entries if entry.name not in hook_saved]
         places = {entry.name: ({} if sharded else self._places(entry, live)) for entry, live in mine_now}
-        with concurrent.futures.ThreadPoolExecutor(_FILES_AT_ONCE, thread_name_prefix="unified-verify") as verifying:
-            verified = {entry.name: verifying.submit(self._verify_for_placing, directory, manifest, entry,
+        with concurrent.futures.ThreadPoolExecutor(_FILES_AT_ONCE, thread_name_prefix="unified-plan") as verifying:
+            verified = {entry.name: verifying.submit(self._plan_placing, directory, manifest, entry,
                                                      places[entry.name])
                         for entry, _ in mine_now if places[entry.name]}
             read: Dict[str, Any] = {}
@@ -227,7 +228,12 @@ class Loading(Agreement):
                     # read into the live arrays once everything is checked (`_read_in_place`)
                     if entry.name in verified:
                         later = verified[entry.name].result()
-                        self._check_fits(entry, live, later.described, set(), where)
+                        try:
+                            self._check_fits(entry, live, later.described, set(), where)
+                        except CheckpointError as refusal:  # what a damaged header says?
+                            error = refusal if later.verified else self._damage_behind(
+                                later.path, {"size": later.size, "xxh3": later.checksum}, refusal)
+                            raise error from None
                         states[entry.name] = later
                         continue
                     if failed is not None and failed[0] == entry.name:

@@ -4,7 +4,8 @@
 save: every process writes its part into a temporary directory (the main process the
 replicated objects, each process its RNG state), reports its files' sizes and checksums; the
 main process writes the manifest last and renames the directory into place; then everyone
-returns. load: verify the manifest and every file before touching any object, then restore.
+returns. load: the manifest verified and every object checked against its file's header before
+any is touched, then every byte read once, hashed as it is placed (`placement`).
 
 The stages live in modules of their own, each a part of the manager (mixed in here):
 `folders` (where a save writes, the lock and lease), `save` (snapshot, each process's files),
@@ -69,6 +70,11 @@ class CheckpointManager(SaveFolders, Saving, Committing, ShardedState, LoadTarge
         self._read_after_check: Optional[Dict[str, Any]] = None
         # a load that falls back to an older checkpoint when this one is damaged (`load_one`, `load_newest`)
         self._falling_back = False
+        # this load verifies every file before it restores anything (`load`'s ``verify_first``)
+        self._verify_first = False
+        # a sharded load in one pass: the files hashed as their arrays are placed, and their
+        # hashes once placed (`ShardedRead.hashed_later`, `later_hashes`)
+        self._placed_hashes: Optional[Tuple[Tuple[str, ...], Callable[[], Dict[str, Any]]]] = None
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
         # this save's and this load's processes name folders of their own (`_own_folders`)
@@ -126,12 +132,16 @@ class CheckpointManager(SaveFolders, Saving, Committing, ShardedState, LoadTarge
         return final, pending
 
     def load(self, input_dir: Optional[str], before_restore: Callable[[str], Collection[str]] = lambda folder: (),
-             *, if_exists: bool = False) -> Optional[str]:
+             *, if_exists: bool = False, verify_first: bool = False) -> Optional[str]:
         """Verify and restore the checkpoint ``input_dir`` names, or the newest one that verifies
         with automatic naming (collective; see `load_newest`). Returns the checkpoint loaded, or,
         ``if_exists`` and there is none yet, None with nothing changed.
 
-        ``before_restore(folder)``: the load-state hooks, once everything is verified, before any
+        Every byte is read once and hashed as it is placed; ``verify_first``: every file is
+        verified whole before any object is restored (a second read of the large files), so
+        that a failed load changes nothing.
+
+        ``before_restore(folder)``: the load-state hooks, once every check passed, before any
         object is restored; they return the names of the objects they restored themselves.
 
         Example:
@@ -140,4 +150,8 @@ class CheckpointManager(SaveFolders, Saving, Committing, ShardedState, LoadTarge
         """
         if if_exists and not self.has_checkpoint(input_dir):
             return None
-        return self.load_newest(input_dir, before_restore, if_exists=if_exists)
+        self._verify_first = verify_first
+        try:
+            return self.load_newest(input_dir, before_restore, if_exists=if_exists)
+        finally:
+            self._verify_first = False

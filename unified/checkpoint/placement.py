@@ -1,6 +1,9 @@
-"""A load in two passes for large arrays: the first pass verifies a file in a bounded buffer (on
-a store keeping a verified local copy); once every check passed on every process, the second
-reads it again straight into the live arrays (`Place`), file by file in the objects' order.
+"""Large arrays read straight into the live objects, hashed as they are placed: one pass over
+each byte (the default). A mismatch found while placing is reported on every process, naming
+the file and the object; the objects then hold part of the checkpoint. With
+``load_state(verify_first=True)`` each file is verified whole first in a bounded buffer (on a
+store keeping a verified local copy), and read again into place only once every check passed on
+every process: a failed load then changes nothing, for a second read of every byte.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from ..errors import CheckpointError, see
 from ..runtime.environment import LOAD_COPY_VARIABLE
 from . import codec, safetensors_io
 from .agreement import Agreement
+from .failures import _not_damage, damaged_while_placed
 from .store import Folder, location_of
 from .types import _FILES_AT_ONCE, Entry, InPlace, Place, in_place_min_bytes
 
@@ -45,21 +49,40 @@ class Placement(Agreement):
                                      handle.current, handle.writable_in_place)
         return places
 
-    def _verify_for_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
-                            places: Dict[str, Place]) -> "InPlace":
-        """The first of a load's two passes over a file read into place: every byte hashed in a
-        bounded buffer and compared, and the header described, before any object is restored."""
+    def _plan_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
+                      places: Dict[str, Place]) -> "InPlace":
+        """A file read into place later (`_read_in_place`): its header described (checked as a
+        read checks it), before any object is restored. Its bytes are hashed as they are placed;
+        ``verify_first``: hashed whole now as well, in a bounded buffer (the old order)."""
         path, info = self._listed(directory, manifest, f"{entry.name}.safetensors")
         location = location_of(directory)
-        copy = self._copy_for(path, int(info["size"]))
-        identity = location.verify(path, info["size"], info["xxh3"], copy_to=copy)
-        copy = copy if copy is not None and os.path.exists(copy) else None  # removed: the disk was full
-        described = location.describe(path, info["size"])
+        identity, copy = None, None
+        if self._verify_first:
+            copy = self._copy_for(path, int(info["size"]))
+            identity = location.verify(path, info["size"], info["xxh3"], copy_to=copy)
+            copy = copy if copy is not None and os.path.exists(copy) else None  # removed: the disk was full
+        try:
+            described = location.describe(path, info["size"])
+        except CheckpointError as refusal:  # a damaged header reads as a checksum mismatch, as in a read
+            error = refusal if self._verify_first else self._damage_behind(path, info, refusal)
+            raise error from None
         # only into arrays of the saved dtype and shape (a user object's own load_state_dict decides
         # about the others, from fresh memory, as before)
         places = {key: place for key, place in places.items()
                   if described.get(key) == tuple(self.backend.describe_array(place.current()))}
-        return InPlace(path, int(info["size"]), str(info["xxh3"]), identity, described, places, copy)
+        return InPlace(path, int(info["size"]), str(info["xxh3"]), identity, described, places, copy,
+                       verified=self._verify_first)
+
+    @staticmethod
+    def _damage_behind(path: str, info: Dict[str, Any], refusal: CheckpointError) -> CheckpointError:
+        """What to raise when a file not verified yet is refused for what its header says (not
+        safetensors, a tensor of another dtype or shape): its checksum mismatch when the file is
+        damaged (a load that falls back then goes on to an older checkpoint), else ``refusal``."""
+        try:
+            location_of(path).verify(path, info["size"], info["xxh3"])
+        except CheckpointError as damage:
+            return damage
+        return refusal
 
     def _copy_for(self, path: str, size: int) -> Optional[str]:
         """Where the first pass over a store's file keeps a verified copy for the second: a new
@@ -78,19 +101,19 @@ class Placement(Agreement):
 
     def _read_in_place(self, directory: str, manifest: Dict[str, Any], candidates: Dict[str, Any],
                        states: Dict[str, Any]) -> None:
-        """The second pass (collective), after every check passed on every process: each file
-        verified by `_verify_for_placing` is read again, its large arrays straight into the live
-        ones, hashed as it goes; ``states`` then holds the decoded states. A file that changed
-        since it was verified is refused before anything is read into place; one that changes
-        while it is read is reported on every process as partly restored. ``candidates``: the
-        states of the objects that no load-state hook restored itself (the hooks, Accelerate's
+        """The pass that places (collective), after every check passed on every process: each
+        file planned by `_plan_placing` is read, its large arrays straight into the live ones,
+        hashed as it goes; ``states`` then holds the decoded states. A mismatch is reported on
+        every process, naming the file and the object (`_place_in_order`). Verified first: a
+        file that changed since is refused before anything is read into place. ``candidates``:
+        the states of the objects that no load-state hook restored itself (the hooks, Accelerate's
         *pre* hooks, run before: they see the objects as they were)."""
         later = {name: state for name, state in candidates.items() if isinstance(state, InPlace)}
         if not later:
             return
         failure: Optional[BaseException] = None
         location = location_of(directory)
-        changed = [p.path for p in later.values() if location.changed(p.path, p.identity)]
+        changed = [p.path for p in later.values() if p.verified and location.changed(p.path, p.identity)]
         if changed:
             failure = CheckpointError(f"{changed[0]}: changed after it was verified; nothing was restored. Check that "
                                       "nothing writes into the checkpoint." + see("file-ended"))
@@ -120,15 +143,15 @@ class Placement(Agreement):
 
     def _place_in_order(self, directory: str, manifest: Dict[str, Any], later: Dict[str, "InPlace"],
                         reads: Dict[str, Any], by_name: Dict[str, Entry], states: Dict[str, Any]) -> None:
-        """The second pass's results, file by file in the objects' order (`_read_in_place`)."""
+        """The placing pass's results, file by file in the objects' order (`_read_in_place`).
+        A file found damaged there is damage of the checkpoint (`is_damage`: a load that falls
+        back goes on to an older one, which restores every object whole)."""
         failure: Optional[BaseException] = None
         for name, placing in later.items():
             try:
                 arrays, placed = reads[name].result()
             except (CheckpointError, OSError) as err:
-                failure = CheckpointError(f"{placing.path}: changed while it was read into the live objects, after it "
-                                          f"was verified ({err}); they now hold part of this checkpoint: load it (or "
-                                          "another) again before training." + see("changed-while-placed"))
+                failure = self._failed_while_placed(placing, name, err)
                 break
             except Exception as err:  # noqa: BLE001 - a replacement failed (out of device memory...): every process hears it
                 failure = CheckpointError(f"{placing.path}: restoring {name} failed after it was verified "
@@ -138,4 +161,15 @@ class Placement(Agreement):
                 break
             states[name] = self._decode(by_name[name], manifest["structures"][name], arrays,
                                         {key: placing.places[key].current() for key in placed})
-        self._raise_shared(directory, failure, "load_state (read into place)")
+        self._share_verified(directory, failure, "load_state (read into place)")
+
+    @staticmethod
+    def _failed_while_placed(placing: "InPlace", name: str, err: Exception) -> CheckpointError:
+        """The error every process raises when ``placing``'s file failed while ``name`` was read
+        into place: damage of the checkpoint in one pass; a change meanwhile after it was verified."""
+        if placing.verified:
+            return _not_damage(CheckpointError(
+                f"{placing.path}: changed while it was read into the live objects, after it was verified ({err}); "
+                "they now hold part of this checkpoint: load it (or another) again before training."
+                + see("changed-while-placed")))
+        return damaged_while_placed(err, name)

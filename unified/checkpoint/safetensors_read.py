@@ -218,9 +218,13 @@ def header_of_file(path: str,
 
 
 def describe_file(path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
-    """`describe` of a regular file (never a link, FIFO or device)."""
+    """`describe` of a regular file (never a link, FIFO or device) of ``size`` bytes (another
+    size is refused: a file cut short is found before any of it is read)."""
     fd = _open_for_reading(path)
     try:
+        actual = os.fstat(fd).st_size
+        if actual != size:
+            raise size_mismatch(path, actual, size)
         return describe(lambda at, count: os.pread(fd, count, at), path, size)
     finally:
         os.close(fd)

@@ -101,6 +101,8 @@ class Saving(Agreement):
             except TypeError as err:
                 raise CheckpointError(f"cannot save {entry.name}: {err}" + see("cannot-save")) from err
             whole = {}
+            if main:  # every array's device-to-host copy starts before the first is waited for
+                self.backend.begin_host_copies([v for v in arrays.values() if not self._is_sharded(v)])
             for name, value in arrays.items():
                 if self._is_sharded(value):  # every process holds a part: all write
                     if snap.own_folder:

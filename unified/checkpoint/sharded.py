@@ -14,7 +14,7 @@ from ..config import is_url
 from ..errors import CheckpointError, failure_reason, see
 from . import codec, safetensors_io
 from .agreement import Agreement
-from .failures import _not_damage, is_damage
+from .failures import _not_damage, damaged_while_placed, is_damage
 from .manifest import check_file_name
 from .save import _hash_files, _tree, share_of
 from .store import ObjectStore, StoreError, location_of
@@ -101,6 +101,13 @@ class ShardedState(Agreement):
         current = {name: value for arrays in encoded.values() for name, value in arrays.items()}
         owner = {name: entry for entry, arrays in encoded.items() for name in arrays}  # array -> its object
         names = manifest["sharded"]
+        # an object that may hold fewer arrays than its checkpoint (an optimizer before its first
+        # step, as `_check_fits` allows for a file's arrays) gets the others read whole (`like`: None)
+        lacking = {entry.name for entry in self.entries
+                   if not entry.strict and getattr(self.sharding, "reads_without_counterpart", False)}
+        for n in names.values():
+            if n not in current and n.split("/", 1)[0] in lacking:
+                current[n], owner[n] = None, n.split("/", 1)[0]
         missing = [n for n in names.values() if n not in current]
         if missing:
             raise CheckpointError(f"{directory}: sharded arrays {missing} have no counterpart in this run's objects."
@@ -118,8 +125,11 @@ class ShardedState(Agreement):
             # a load in two passes (see `_place_sharded`) unless every array is below the size read in place
             bounded = any(int(getattr(value, "nbytes", 0)) >= in_place_min_bytes() for value in like.values())
             read = self.sharding.load_sharded(root, like, ShardedLoad(
-                hash_files=hashing, defer=bounded, copy_to=self._copy_for if bounded and is_url(directory) else None))
+                hash_files=hashing, defer=bounded, copy_to=self._copy_for if bounded and is_url(directory) else None,
+                hash_when_placed=not self._verify_first))
             restored, hashes = read.arrays, read.hashes  # (the hashes count only when `hashing`)
+            if hashing and read.hashed_later:  # one pass: compared once the arrays are placed
+                self._placed_hashes = (read.hashed_later, read.later_hashes)
             if read.deferred and not hashing:
                 self._read_after_check = verified  # the reader reads them later: checked again then
             del read, like, current, encoded  # a live array replaced later is freed then (`_place_sharded`)
@@ -134,7 +144,8 @@ class ShardedState(Agreement):
             if not hashing:
                 raise err
         if hashing:
-            self._check_read_hashes(directory, manifest, hashes, verified, read_error)
+            later = self._placed_hashes[0] if self._placed_hashes is not None else ()
+            self._check_read_hashes(directory, manifest, hashes, verified, read_error, later)
         else:
             failure: Optional[BaseException] = None
             try:
@@ -183,6 +194,9 @@ class ShardedState(Agreement):
                         sharded[key] = handles[key].current()
                     del value
             except (CheckpointError, OSError) as err:
+                if self._placed_hashes is not None:  # one pass: found as it was placed
+                    failure = damaged_while_placed(err, f"the sharded arrays of {name}")
+                    break
                 failure = CheckpointError(f"{directory}: a sharded file changed or could not be read while {name} was "
                                           f"read into place, after it was verified ({err}); the objects now hold part "
                                           "of this checkpoint: load it (or another) again before training."
@@ -200,16 +214,45 @@ class ShardedState(Agreement):
             failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it "
                                       "was verified; the objects now hold part of this checkpoint: load it (or "
                                       "another) again before training." + see("changed-while-placed"))
-        self._raise_shared(directory, failure, "load_state (sharded arrays placed)")
+        if failure is None and self._placed_hashes is not None:
+            failure = self._check_placed_hashes(directory, manifest)
+        self._share_verified(directory, failure, "load_state (sharded arrays placed)")
+
+    def _check_placed_hashes(self, directory: str, manifest: Dict[str, Any]) -> Optional[CheckpointError]:
+        """One pass (`ShardedLoad.hash_when_placed`): the files the reader hashed as it placed
+        their arrays, against the manifest; one that no array was made from (its objects
+        restored by a load-state hook) is hashed now. The first mismatch, as damage found while
+        placing, or None."""
+        assert self._placed_hashes is not None
+        names, later_hashes = self._placed_hashes
+        got, prefix = later_hashes(), self.sharded_dir + "/"
+        location = location_of(directory)
+        for name in names:
+            path, info = check_file_name(directory, prefix + name), manifest["files"].get(prefix + name)
+            try:
+                if info is None:
+                    raise CheckpointError(f"{path}: read by the sharded reader but not listed in the manifest."
+                                          + see("sharded-files-unlisted"))
+                if name not in got:
+                    location.verify(path, info["size"], info["xxh3"])
+                elif got[name]["size"] != info["size"]:
+                    raise safetensors_io.size_mismatch(path, got[name]["size"], info["size"])
+                elif got[name]["xxh3"] != info["xxh3"]:
+                    raise safetensors_io.checksum_mismatch(path)
+            except CheckpointError as err:
+                return damaged_while_placed(err, "the sharded arrays")
+        return None
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
-                           identities: Dict[str, Tuple[int, ...]], read_error: Optional[BaseException] = None) -> None:
+                           identities: Dict[str, Tuple[int, ...]], read_error: Optional[BaseException] = None,
+                           later: Tuple[str, ...] = ()) -> None:
         """After a reader that hashed the files it read whole (``hashes``, this process's), before
         anything is restored: those must match the manifest, and every other listed file is
         hashed now by one process (`share_of`) and must not have changed since `_read` saw it
-        (``identities``), so that what the reader took from it is what was checked. Collective:
-        ``read_error``, this process's failed read, reaches every process here (and is raised
-        here as it is)."""
+        (``identities``), so that what the reader took from it is what was checked; except the
+        files this process hashes as it places their arrays (``later``: `_check_placed_hashes`).
+        Collective: ``read_error``, this process's failed read, reaches every process here (and
+        is raised here as it is)."""
         prefix = self.sharded_dir + "/"
         listed = {name: info for name, info in manifest["files"].items() if name.startswith(prefix)}
         failure: Optional[str] = None if read_error is None else failure_reason(read_error)
@@ -224,7 +267,8 @@ class ShardedState(Agreement):
                 failure = str(safetensors_io.checksum_mismatch(path))
             if failure:
                 break
-        gathered = self.collectives.all_gather_json({"hashed": sorted(hashes), "error": failure, "damage": damage},
+        gathered = self.collectives.all_gather_json({"hashed": sorted(hashes) + sorted(later), "error": failure,
+                                                     "damage": damage},
                                                     operation="load_state (sharded files checked)")
         self._raise_gathered(directory, read_error,
                              [(rank, g["error"], g["damage"]) for rank, g in enumerate(gathered) if g["error"]])

@@ -517,6 +517,8 @@ class ObjectStore:
 
     def describe(self, path: str, size: int) -> Dict[str, Tuple[str, Tuple[int, ...]]]:
         head = self._heads.get(path, b"")
+        if not head:  # not streamed by `verify`: its size is compared first (one request)
+            self.identity(path, size)
 
         def read_at(at: int, count: int) -> bytes:
             if at + count <= len(head):  # read by `verify`, which checked it against the manifest

@@ -191,7 +191,7 @@ def in_place_min_bytes() -> int:
 
 @dataclass
 class Place:
-    """Where a load's second pass puts one large array of a live object (`CheckpointManager._places`):
+    """Where a load's placing pass puts one large array of a live object (`CheckpointManager._places`):
     ``into`` is the array's own writable bytes (torch: read in place) or a callable that replaces
     the object's array by a new one made from the bytes (`Replaceable.replace`: JAX); ``current()``
     is the array the object holds (after the load: the restored one)."""
@@ -202,23 +202,26 @@ class Place:
     own: Callable[[], Any] = lambda: None
 
     def target(self) -> Any:
-        """``into``, or the array's own writable memory when `own` gives it (asked once, in the second pass)."""
+        """``into``, or the array's own writable memory when `own` gives it (asked once, in the placing pass)."""
         owned = self.own()
         return self.into if owned is None else owned
 
 
 @dataclass
 class InPlace:
-    """A file of a load that is verified first and read into the live arrays once every check
-    passed (`CheckpointManager._read_in_place`): where it is, what the first pass saw."""
+    """A file of a load whose large arrays are read into the live ones once every check passed
+    (`CheckpointManager._read_in_place`), hashed as they are placed: where it is and what its
+    header holds. ``verified``: it was also hashed whole before (``load_state(verify_first=True)``);
+    ``identity`` and ``copy`` are then what that first pass saw."""
 
     path: str
     size: int
     checksum: str
-    identity: Any  # for `Location.changed` before the second pass
+    identity: Any  # for `Location.changed` before the pass that places (None: not verified first)
     described: Dict[str, Tuple[str, Tuple[int, ...]]]
-    places: Dict[str, Place]  # array name -> where the second pass puts it
-    copy: Optional[str] = None  # a store's file: its verified local copy, which the second pass reads
+    places: Dict[str, Place]  # array name -> where the pass that places puts it
+    copy: Optional[str] = None  # verified first, a store's file: its verified local copy, which is read again
+    verified: bool = False
 
     def placeholders(self) -> Dict[str, np.ndarray]:
         """Read-only arrays of every saved dtype and shape that hold no memory (for the checks

@@ -210,15 +210,30 @@ def ckpt_damaged(state: dict) -> dict:
     outcome = {}
     root = _shared("damaged")
     for case in sorted(os.listdir(root)):
-        before = run.param_hash()
-        try:
-            acc.load_state(os.path.join(root, case))
-            outcome[case] = {"raised": None}
-        except unified.CheckpointError as err:
-            outcome[case] = {"raised": "CheckpointError", "message": str(err)}
-        except Exception as err:  # noqa: BLE001 - the test wants to see anything else
-            outcome[case] = {"raised": type(err).__name__, "message": str(err)}
-        outcome[case]["untouched"] = run.param_hash() == before
+        for verify_first in (False, True):  # one pass (the default), then the old order
+            before = run.param_hash()
+            try:
+                acc.load_state(os.path.join(root, case), verify_first=verify_first)
+                result = {"raised": None}
+            except unified.CheckpointError as err:
+                result = {"raised": "CheckpointError", "message": str(err)}
+            except Exception as err:  # noqa: BLE001 - the test wants to see anything else
+                result = {"raised": type(err).__name__, "message": str(err)}
+            result["untouched"] = run.param_hash() == before
+            if verify_first:
+                outcome[case]["verify_first"] = result
+            else:
+                outcome[case] = result
+    # after a load that failed while placing, a load of an intact checkpoint restores everything
+    acc.load_state(_shared("pristine"))
+    intact = run.param_hash()
+    run.step()
+    try:
+        acc.load_state(os.path.join(root, "flipped_byte"))
+    except unified.CheckpointError:
+        pass
+    acc.load_state(_shared("pristine"))
+    outcome["__restored_whole__"] = run.param_hash() == intact
     outcome["__pwned__"] = os.path.exists(_shared("PWNED"))
     outcome["__fallback__"] = _damaged_newest()
     return outcome
@@ -236,8 +251,11 @@ def _damaged_newest() -> dict:
     """Automatic naming with a damaged newest checkpoint (issue 46): ``load_state()`` goes on to
     the newest one that verifies, every process alike, although only process 1 verifies the
     damaged file (its own RNG file); the main process alone warns; the damaged one is set aside
-    as ``checkpoint_1.damaged`` and its number never reused. Then every checkpoint damaged:
-    ``load_state(if_exists=True)`` raises on every process naming each, and restores nothing."""
+    as ``checkpoint_1.damaged`` and its number never reused. A newest checkpoint whose model
+    file is found damaged while it is read into place (issue 48: one pass) is skipped the same
+    way, and the next newest restores everything. Then every checkpoint damaged:
+    ``load_state(if_exists=True, verify_first=True)`` raises on every process naming each, and
+    restores nothing."""
     import warnings
 
     from .training import make
@@ -262,6 +280,15 @@ def _damaged_newest() -> dict:
         out["restored"] = run.param_hash() == hashes[0]
         out["next"] = os.path.basename(acc.save_state())
         out["listing"] = sorted(os.listdir(checkpoints))
+        saved_in_next = run.param_hash()
+        run.step()
+        newest = acc.save_state()
+        if acc.is_main_process:  # found only while its arrays are read into place
+            _flip_last_byte(os.path.join(newest, "model_0.safetensors"))
+        acc.wait_for_everyone()
+        run.step()
+        out["past_placed"] = os.path.basename(acc.load_state())
+        out["past_placed_restored"] = run.param_hash() == saved_in_next
         if acc.is_main_process:  # now every checkpoint that is left is damaged
             for name in os.listdir(checkpoints):
                 if "." not in name:
@@ -270,7 +297,7 @@ def _damaged_newest() -> dict:
         run.step()
         before = run.param_hash()
         try:
-            acc.load_state(if_exists=True)
+            acc.load_state(if_exists=True, verify_first=True)
             out["none_verifies"] = None
         except unified.CheckpointError as err:
             out["none_verifies"] = str(err)

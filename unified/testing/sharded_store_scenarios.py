@@ -104,7 +104,9 @@ def shard_store_load_from_2(_: dict) -> dict:
 
 def _load_damaged_store_shard(acc: Accelerator, setup: Any, target: str) -> Dict[str, Any]:
     """The main process flips a byte near the end of the largest shard object of ``target`` on
-    the store; the load must fail on every process naming it, with nothing restored."""
+    the store; the load must fail on every process naming it: with nothing restored when it
+    verifies first (``verify_first``), and in one pass (the default) with nothing restored or
+    saying that the objects hold part of the checkpoint."""
     from unified.checkpoint.store import ObjectStore
 
     damaged = None
@@ -117,14 +119,18 @@ def _load_damaged_store_shard(acc: Accelerator, setup: Any, target: str) -> Dict
         store.fs.pipe_file(store._path(f"{target}/{damaged}"), bytes(data))
     damaged = acc._collectives.broadcast_json(damaged)
     _train(setup, acc, 1, first=60)
-    before_p, before_o = setup.full_params(), setup.full_optimizer()
-    try:
-        acc.load_state(target)
-        message = None
-    except unified.CheckpointError as err:
-        message = str(err)
-    return {"object": damaged, "message": message,
+    tried: Dict[str, Any] = {}
+    for verify_first in (False, True):  # one pass (the default), then the old order
+        before_p, before_o = setup.full_params(), setup.full_optimizer()
+        try:
+            acc.load_state(target, verify_first=verify_first)
+            message = None
+        except unified.CheckpointError as err:
+            message = str(err)
+        tried["verify_first" if verify_first else "one_pass"] = {
+            "object": damaged, "message": message,
             "untouched": _equal(before_p, setup.full_params()) and _equal(before_o, setup.full_optimizer())}
+    return {**tried["one_pass"], "verify_first": tried["verify_first"]}
 
 
 # -- damaged checkpoints ----------------------------------------------------------------------------------
@@ -183,17 +189,22 @@ def shard_damaged(_: dict) -> dict:
     root = _shared(f"damaged_{acc.num_processes}")
     cases = _damaged_copies(Setup, _shared("sharded_2"), _shared("other_2"), root) if acc.is_main_process else None
     cases = acc._collectives.broadcast_json(cases)
-    before_p, before_o = setup.full_params(), setup.full_optimizer()
     out: Dict[str, Any] = {"cases": {}, "unpickled": []}
     for case, culprit in sorted(cases.items()):
-        try:
-            with _counting_unpickles(out["unpickled"], setup.unpicklers()):
-                acc.load_state(os.path.join(root, case))
-            out["cases"][case] = {"raised": None}
-        except unified.CheckpointError as err:
-            out["cases"][case] = {"raised": "CheckpointError", "message": str(err), "culprit": culprit}
-        out["cases"][case]["untouched"] = (_equal(before_p, setup.full_params())
-                                           and _equal(before_o, setup.full_optimizer()))
+        for verify_first in (False, True):  # one pass (the default), then the old order
+            before_p, before_o = setup.full_params(), setup.full_optimizer()
+            try:
+                with _counting_unpickles(out["unpickled"], setup.unpicklers()):
+                    acc.load_state(os.path.join(root, case), verify_first=verify_first)
+                result: Dict[str, Any] = {"raised": None}
+            except unified.CheckpointError as err:
+                result = {"raised": "CheckpointError", "message": str(err), "culprit": culprit}
+            result["untouched"] = _equal(before_p, setup.full_params()) and _equal(before_o, setup.full_optimizer())
+            if verify_first:
+                out["cases"][case]["verify_first"] = result
+            else:
+                out["cases"][case] = result
+    before_p = setup.full_params()
     backend = acc._backend
     out["read_apart"] = bool(getattr(backend, "hashes_while_reading", False))
     if out["read_apart"]:

@@ -544,9 +544,10 @@ def _counting_deferred_makes(acc: Accelerator, before_make: Callable[[int], None
 
 
 def _load_while_sharded_files_change(acc: Accelerator, directory: str) -> Dict[str, Any]:
-    """A load of ``directory`` (a folder) whose sharded files change (their times set 2 s later)
-    once its reader made the first array it deferred, after every check passed: ``error`` is what
-    it raised (None if it did not), and ``reloaded``: whether loading again worked."""
+    """A load of ``directory`` (a folder) that verifies first (``verify_first=True``) whose sharded
+    files change (their times set 2 s later) once its reader made the first array it deferred,
+    after every check passed: ``error`` is what it raised (None if it did not), and
+    ``reloaded``: whether loading again worked."""
     from unified.checkpoint.store import location_of
 
     sharded = os.path.join(directory, _sharded_dir_name(location_of(directory).read_manifest(directory)))
@@ -561,7 +562,7 @@ def _load_while_sharded_files_change(acc: Accelerator, directory: str) -> Dict[s
     out: Dict[str, Any] = {"error": None, "made": None}
     with _counting_deferred_makes(acc, change) as counts:
         try:
-            acc.load_state(directory)
+            acc.load_state(directory, verify_first=True)
         except unified.CheckpointError as err:
             out["error"] = str(err)
     out["made"] = sum(counts["made"])

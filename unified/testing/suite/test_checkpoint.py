@@ -233,10 +233,12 @@ def _damage(pristine, root):
         cases[name] = culprit
         return target
 
-    for case, victim in (("flipped_byte", "model_0.safetensors"), ("flipped_rng", "rng_1.safetensors")):
+    for case, victim, at in (("flipped_byte", "model_0.safetensors", -1),  # in the last array's bytes
+                             ("flipped_header", "model_0.safetensors", 20),  # inside the header (which is read first)
+                             ("flipped_rng", "rng_1.safetensors", None)):
         f = copy(case, victim) / victim
         data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0xFF
+        data[len(data) // 2 if at is None else at] ^= 0xFF
         f.write_bytes(bytes(data))
     f = copy("truncated", "optimizer_0.safetensors") / "optimizer_0.safetensors"
     f.write_bytes(f.read_bytes()[:-7])
@@ -284,14 +286,23 @@ def test_damaged_or_hostile_checkpoints_raise_checkpoint_error(backend, tmp_path
         assert outcome.pop("__pwned__") is False, "a pickle payload was executed"
         _assert_fell_back(rank, outcome.pop("__fallback__"))
         assert outcome["pickle_payloads"]["raised"] is None  # valid checkpoint; the extra files are ignored
+        assert outcome.pop("__restored_whole__"), (rank, "a load after one that failed while placing restored part")
         for case, culprit in cases.items():
             if culprit is None:
                 continue
-            result = outcome[case]
-            assert result["raised"] == "CheckpointError", (rank, case, result)
-            assert result["untouched"], (rank, case)
-            assert culprit in result["message"], (rank, case, result["message"])
+            result, verified_first = outcome[case], outcome[case]["verify_first"]
+            for r in (result, verified_first):
+                assert r["raised"] == "CheckpointError", (rank, case, r)
+                assert culprit in r["message"], (rank, case, r["message"])
+            assert verified_first["untouched"], (rank, case, "verify_first restored something from a damaged one")
+            # one pass: only damage in the bytes of an array read into place is found after objects changed
+            found_while_placed = "was read into place" in result["message"]
+            assert found_while_placed == (case == "flipped_byte"), (rank, case, result["message"])
+            assert result["untouched"] or found_while_placed, (rank, case)
+        assert "found while model_0 was read into place" in outcome["flipped_byte"]["message"]
+        assert "#damaged-while-placed" in outcome["flipped_byte"]["message"]
         assert "checksum" in outcome["flipped_byte"]["message"]
+        assert "checksum" in outcome["flipped_header"]["message"]  # damage, not an invalid file
         assert "checksum" in outcome["flipped_rng"]["message"]  # process 0 learns process 1's error
         assert "truncated" in outcome["truncated"]["message"]
         assert "modified" in outcome["edited_manifest"]["message"]
@@ -306,14 +317,17 @@ def _assert_fell_back(rank, r):
     assert r["loaded"] == "checkpoint_0" and r["restored"], (rank, r)
     assert r["next"] == "checkpoint_2", (rank, r)  # the damaged one's number is never reused
     assert r["listing"] == ["checkpoint_0", "checkpoint_1.damaged", "checkpoint_2"], (rank, r)
-    assert r["listing_after"] == ["checkpoint_0.damaged", "checkpoint_1.damaged", "checkpoint_2.damaged"], (rank, r)
+    assert r["past_placed"] == "checkpoint_2" and r["past_placed_restored"], (rank, r)
+    assert r["listing_after"] == ["checkpoint_0.damaged", "checkpoint_1.damaged", "checkpoint_2.damaged",
+                                  "checkpoint_3.damaged"], (rank, r)
     message = r["none_verifies"]
     assert message is not None and r["untouched"], (rank, r)
-    assert all(f"checkpoint_{n}" in message for n in range(3)) and "#no-checkpoint-verifies" in message, message
+    assert all(f"checkpoint_{n}" in message for n in range(4)) and "#no-checkpoint-verifies" in message, message
     if rank == 0:
-        first, *others = r["warned"]
+        first, placed, *others = r["warned"]
         assert "checkpoint_1" in first and "process 1:" in first and "rng_1.safetensors" in first, first
         assert "checksum mismatch" in first and "checkpoint_1.damaged" in first, first
+        assert "checkpoint_3.damaged" in placed and "found while model_0 was read into place" in placed, placed
         assert len(others) == 2 and "checkpoint_2.damaged" in others[0] and "checkpoint_0.damaged" in others[1], others
     else:
         assert r["warned"] == [], (rank, r["warned"])

@@ -155,14 +155,19 @@ def test_loading_sharded_state_never_unpickles_not_even_between_processes(runs, 
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGED))
-def test_damaged_shards_are_refused_and_nothing_is_restored(runs, case):
+def test_damaged_shards_are_refused_and_nothing_is_restored_when_verified_first(runs, case):
     for rank, outcome in enumerate(_read(runs, DAMAGED[case])):
         cases = outcome["cases"]
         assert set(cases) == {"flipped_byte", "missing_shard", "foreign_shard", "other_checkpoint"}, cases
         for name, r in cases.items():
-            assert r["raised"] == "CheckpointError", (rank, name, r)
-            assert r["untouched"], (rank, name)
-            assert r["culprit"] in r["message"], (rank, name, r["message"])
+            for tried in (r, r["verify_first"]):
+                assert tried["raised"] == "CheckpointError", (rank, name, tried)
+                assert tried["culprit"] in tried["message"], (rank, name, tried["message"])
+            assert r["verify_first"]["untouched"], (rank, name, "verify_first restored part of a damaged checkpoint")
+            # one pass: only damage in the bytes read into place is found once objects changed
+            assert r["untouched"] or "was read into place" in r["message"], (rank, name, r["message"])
+            if "was read into place" in r["message"]:  # (a shard of another checkpoint whose header fits, too)
+                assert "#damaged-while-placed" in r["message"], (rank, name, r["message"])
         assert "checksum" in cases["flipped_byte"]["message"] or "xxh3" in cases["flipped_byte"]["message"], cases
         if outcome["read_apart"]:  # a read that failed on the last process only reached every process at once
             assert outcome["one_failed"] and "injected read failure" in outcome["one_failed"], (rank, outcome)
@@ -225,6 +230,7 @@ def test_sharded_state_on_an_object_store_saves_every_process_s_own_objects_and_
         # an array the reader deferred is made once, when the load puts it in place (made for every
         # object it was: a second copy of the process's shard at the peak)
         assert r["deferred"]["made"] == [1] * r["deferred"]["returned"]
+        _assert_refused(r["damaged"])  # a shard object read whole (the same process count)
     main = rows[0]
     if main["supported"]:
         assert main["owners"] == [0, 1]  # every process wrote its own shard objects
@@ -257,6 +263,10 @@ def test_a_sharded_save_to_a_store_killed_before_its_manifest_is_no_checkpoint_a
 
 
 def _assert_refused(damaged):
-    """A shard object with a flipped byte: every process raised naming it, nothing restored."""
-    assert damaged["message"] is not None and damaged["object"] in damaged["message"], damaged
-    assert "checksum mismatch" in damaged["message"] and damaged["untouched"], damaged
+    """A shard object with a flipped byte: every process raised naming it; verified first, with
+    nothing restored; in one pass, with nothing restored or saying the objects hold part of it."""
+    for tried in (damaged, damaged["verify_first"]):
+        assert tried["message"] is not None and tried["object"] in tried["message"], tried
+        assert "checksum mismatch" in tried["message"], tried
+    assert damaged["verify_first"]["untouched"], damaged
+    assert damaged["untouched"] or "#damaged-while-placed" in damaged["message"], damaged
