@@ -4,6 +4,7 @@ Same rules as `scenarios.py`."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -263,6 +264,18 @@ def _refusal(err: Exception, acc: Accelerator) -> dict:
             "error": type(err).__name__}
 
 
+def _torch_loader(acc: Accelerator, batch_size: int) -> Any:
+    """A torch ``DataLoader`` of 13 counted samples prepared by ``acc``, or None where the backend
+    prepares no foreign loaders (`ForeignLoaders`: a third backend may have none)."""
+    from unified.backend import ForeignLoaders
+
+    if not isinstance(acc._backend, ForeignLoaders):
+        return None
+    import torch
+
+    return acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=batch_size))
+
+
 @scenario
 def data_uneven(state: dict) -> dict:
     """``DataLoaderConfiguration(even_batches=False)`` without dispatch: every process reads its
@@ -271,8 +284,6 @@ def data_uneven(state: dict) -> dict:
     torch ``DataLoader``; a checkpoint in the middle of the epoch (where a process of 3 has had
     all its batches) resumes with exactly the rest, with or without ``skip_first_batches``.
     A backend whose step batches are one global array refuses it in `prepare`."""
-    import torch
-
     config = unified.DataLoaderConfiguration(even_batches=False)
     acc = Accelerator(timeout=60, dataloader_config=config)
     global_arrays = getattr(acc._backend, "uneven_batches", True) is False
@@ -281,13 +292,13 @@ def data_uneven(state: dict) -> dict:
     except Exception as err:  # the test tells a refusal from a failure by its type and message
         refused = _refusal(err, acc)
         try:
-            acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+            _torch_loader(acc, 2)
         except Exception as torch_err:
             refused["torch_refused"], refused["torch_error"] = str(torch_err), type(torch_err).__name__
         return refused
-    foreign = acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    foreign = _torch_loader(acc, 2)
     epoch = [_rows(b) for b in loader]
-    torch_epoch = [_rows(b) for b in foreign]
+    torch_epoch = None if foreign is None else [_rows(b) for b in foreign]
     target = _shared(f"uneven_ckpt_{acc.num_processes}")
     for i, _ in enumerate(loader):  # every process has at least 2 batches
         if i == 1:
@@ -296,16 +307,17 @@ def data_uneven(state: dict) -> dict:
     rest = [_rows(b) for b in loader] + [_rows(b) for b in loader]  # the epoch's rest, then the next
     fresh = Accelerator(timeout=60, dataloader_config=config)  # the same loaders, in the same order
     again = fresh.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
-    fresh.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    _torch_loader(fresh, 2)
     fresh.load_state(target)
     resumed = [_rows(b) for b in again] + [_rows(b) for b in again]
     other = Accelerator(timeout=60, dataloader_config=config)  # and with Accelerate's skip_first_batches after it
     skipping = other.prepare(unified.DataLoader(CountingDataset(13), batch_size=2))
-    other.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=2))
+    _torch_loader(other, 2)
     other.load_state(target)
     resumed_with_skip = [_rows(b) for b in other.skip_first_batches(skipping, 2)] + [_rows(b) for b in skipping]
     return {"global_arrays": global_arrays, "epoch": epoch, "length": len(loader), "torch_epoch": torch_epoch,
-            "torch_length": len(foreign), "rest": rest, "resumed": resumed, "resumed_with_skip": resumed_with_skip}
+            "torch_length": None if foreign is None else len(foreign), "rest": rest, "resumed": resumed,
+            "resumed_with_skip": resumed_with_skip}
 
 
 @scenario
@@ -316,8 +328,6 @@ def data_split_dispatch(state: dict) -> dict:
     middle of the epoch resumes with exactly the rest; a batch size that does not divide by the
     processes is refused with Accelerate's message. A backend whose step batches are one global
     array refuses dispatch in `prepare`, naming its own way."""
-    import torch
-
     config = unified.DataLoaderConfiguration(dispatch_batches=True, split_batches=True)
     acc = Accelerator(timeout=60, dataloader_config=config)
     global_arrays = getattr(acc._backend, "uneven_batches", True) is False
@@ -326,12 +336,12 @@ def data_split_dispatch(state: dict) -> dict:
         loader = acc.prepare(unified.DataLoader(dataset, batch_size=6))
     except Exception as err:  # the test tells a refusal from a failure by its type and message
         return _refusal(err, acc)
-    foreign = acc.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=6))
+    foreign = _torch_loader(acc, 6)
     epoch, gathered = [], []
     for batch in loader:
         epoch.append(_rows(batch))
         gathered += np.asarray(acc.gather_for_metrics(batch["x"])).ravel().tolist()
-    torch_epoch = [_rows(b) for b in foreign]
+    torch_epoch = None if foreign is None else [_rows(b) for b in foreign]
     target = _shared(f"split_ckpt_{acc.num_processes}")
     for i, _ in enumerate(loader):
         if i == 0:
@@ -341,7 +351,7 @@ def data_split_dispatch(state: dict) -> dict:
     fresh = Accelerator(timeout=60, dataloader_config=config)  # the same loaders, in the same order
     again_dataset = CountingDataset(13)
     again = fresh.prepare(unified.DataLoader(again_dataset, batch_size=6))
-    fresh.prepare(torch.utils.data.DataLoader(CountingDataset(13), batch_size=6))
+    _torch_loader(fresh, 6)
     fresh.load_state(target)
     resumed = [_rows(b) for b in again] + [_rows(b) for b in again]
     try:
@@ -350,7 +360,8 @@ def data_split_dispatch(state: dict) -> dict:
     except Exception as err:
         indivisible = [type(err).__name__, str(err)]
     return {"global_arrays": global_arrays, "epoch": epoch, "length": len(loader), "gathered": gathered,
-            "total_batch_size": loader.total_batch_size, "torch_epoch": torch_epoch, "torch_length": len(foreign),
+            "total_batch_size": loader.total_batch_size, "torch_epoch": torch_epoch,
+            "torch_length": None if foreign is None else len(foreign),
             "reads": dataset.calls, "rest": rest, "resumed": resumed, "resumed_reads": again_dataset.calls,
             "indivisible": indivisible}
 

@@ -203,7 +203,7 @@ def test_even_batches_false_gives_accelerates_short_last_batches_and_resumes_exa
     rows = group.scenario(data_uneven)
     if rows[0]["global_arrays"]:
         for r in rows:
-            for key in ("", "torch_"):
+            for key in ("", "torch_") if "torch_error" in r else ("",):  # (a backend may prepare no torch loader)
                 assert r[key + "error"] == "NotImplementedError", r
                 assert "DataLoaderConfiguration(even_batches=False) is not supported" in r[key + "refused"], r
                 assert "Keep even_batches=True" in r[key + "refused"], r
@@ -211,8 +211,9 @@ def test_even_batches_false_gives_accelerates_short_last_batches_and_resumes_exa
     expected = _batches(ACCELERATE_UNEVEN, group.size)
     for rank, r in enumerate(rows):
         assert "refused" not in r, r
-        assert r["epoch"] == r["torch_epoch"] == expected[rank]
-        assert r["length"] == r["torch_length"] == len(expected[rank])
+        assert r["epoch"] == expected[rank] and r["length"] == len(expected[rank]), r
+        if r["torch_epoch"] is not None:  # (None: a backend that prepares no torch DataLoader)
+            assert r["torch_epoch"] == expected[rank] and r["torch_length"] == len(expected[rank]), r
         # saved after 2 batches: in the group of 3, processes 1 and 2 have had all of theirs, and the rest of
         # the epoch is no batch for them (as Accelerate's skip_first_batches(loader, 2), measured: []), then
         # the next epoch, in the same iteration as process 0's
@@ -235,8 +236,9 @@ def test_split_batches_with_dispatch_gives_accelerates_slices_and_resumes_exactl
     expected = _batches(ACCELERATE_SPLIT_DISPATCH, group.size)
     for rank, r in enumerate(rows):
         assert "refused" not in r, r
-        assert r["epoch"] == r["torch_epoch"] == expected[rank]
-        assert r["length"] == r["torch_length"] == 3  # the loader's own length
+        assert r["epoch"] == expected[rank] and r["length"] == 3, r  # the loader's own length
+        if r["torch_epoch"] is not None:  # (None: a backend that prepares no torch DataLoader)
+            assert r["torch_epoch"] == expected[rank] and r["torch_length"] == 3, r
         assert r["gathered"] == list(range(13))  # gather_for_metrics drops the rows that fill up the last step
         # Accelerate 1.15's property raises AttributeError here (it reads batch_size from the dataset)
         assert r["total_batch_size"] == 6

@@ -223,11 +223,7 @@ def test_devices_sharded_state_loads_across_layouts(group, request, source, targ
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_devices_save_model_writes_the_whole_parameters(group, request, mesh):
     _known(request, KNOWN_DEVICES_MODEL_DEFECTS, mesh)
-    results = group.scenario(par_devices_checkpoints)
-    assert all(r["models"][mesh]["error"] is None for r in results), [r["models"][mesh] for r in results]
-    model = results[0]["models"][mesh]
-    assert model["trained"] == 0.0, model
-    assert model["reference"] < 1e-5, model
+    _assert_whole_model(group.scenario(par_devices_checkpoints), mesh)
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
@@ -235,7 +231,12 @@ def test_save_model_writes_the_whole_parameters(group, request, mesh):
     """``save_model`` of a sharded model on every mesh: one file of the gathered (trained)
     parameters, which are those of one process trained on the global batches."""
     _known(request, KNOWN_MODEL_DEFECTS, mesh)
-    results = group.scenario(par_checkpoints)
+    _assert_whole_model(group.scenario(par_checkpoints), mesh)
+
+
+def _assert_whole_model(results, mesh):
+    """Every process saved ``mesh``'s model without error; the file holds the trained parameters
+    exactly, which are one process's trained on the global batches (< 1e-5)."""
     assert all(r["models"][mesh]["error"] is None for r in results), [r["models"][mesh] for r in results]
     model = results[0]["models"][mesh]
     assert model["trained"] == 0.0, model
