@@ -74,7 +74,7 @@ parameter and, but for the floor, its first moment must equal the checkpoint's).
 * raw floor (issue 48's "raw contender"): the model's file read with one ``pread`` per tensor
   straight into the live parameter of that name (torch: the tensors' memory; JAX: the arrays'
   XLA buffers, through ``unsafe_buffer_pointer``), the optimizer's file with ``pread`` into
-  fresh memory of its size allocated in the call (``np.empty``), one thread, nothing verified;
+  fresh memory of its size allocated in the call (in ordinary pages, as ours), one thread, nothing verified;
   and for information the same reads shared by 2 threads (ours reads with several);
 * [info] the raw read into warm buffers (touched before the timing: no fresh process has them);
 * ours (one pass, the default) and, for information, ours with ``load_state(verify_first=True)``;
@@ -347,13 +347,18 @@ def _raw_floor(directory: str, live: Dict[str, Any], kept: List[Any], threads: i
     """The floor of a resume (issue 48): the model's file read with one ``pread`` per tensor,
     straight into the memory of the live parameter of that name (``live``: writable NumPy views),
     and every other file of the state (the optimizer's) with ``pread`` (64 MiB at a time) into
-    fresh memory of its size allocated inside the call (``np.empty``: the kernel zero-fills each
-    page on its first touch, in the read), kept alive in ``kept`` as a restored state is. Nothing
+    fresh memory of its size allocated inside the call, in ordinary pages (`private_array`, as
+    ours: a plain ``np.empty`` of that size asks for transparent huge pages, whose first touch
+    costs several times more on this VM and made the floor 2-9x slower than ours; the kernel
+    zero-fills each page on its first touch, in the read), kept alive in ``kept`` as a restored
+    state is. Nothing
     verified, nothing parsed but the headers. ``threads``: the reads shared among that many
     threads (1: one after the other in this thread)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
+
+    from unified.checkpoint.safetensors_place import private_array
 
     def pread(fd: int, target: Any, offset: int) -> None:
         view, got = memoryview(target).cast("B"), 0
@@ -375,7 +380,7 @@ def _raw_floor(directory: str, live: Dict[str, Any], kept: List[Any], threads: i
                         assert live[name].nbytes == end - begin, name
                         reads.append((fds[-1], live[name], start + begin))
                 else:
-                    buffer = np.empty(os.path.getsize(path), np.uint8)
+                    buffer = private_array(np.dtype(np.uint8), (os.path.getsize(path),))
                     kept.append(buffer)
                     reads += [(fds[-1], buffer[at:at + (64 << 20)], at) for at in range(0, len(buffer), 64 << 20)]
             if threads == 1:
