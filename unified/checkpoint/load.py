@@ -232,7 +232,7 @@ class Loading(Agreement):
                             self._check_fits(entry, live, later.described, set(), where)
                         except CheckpointError as refusal:  # what a damaged header says?
                             error = refusal if later.verified else self._damage_behind(
-                                later.path, {"size": later.size, "xxh3": later.checksum}, refusal)
+                                later.path, later.size, later.checksum, refusal)
                             raise error from None
                         states[entry.name] = later
                         continue

@@ -64,7 +64,7 @@ class Placement(Agreement):
         try:
             described = location.describe(path, info["size"])
         except CheckpointError as refusal:  # a damaged header reads as a checksum mismatch, as in a read
-            error = refusal if self._verify_first else self._damage_behind(path, info, refusal)
+            error = refusal if self._verify_first else self._damage_behind(path, info["size"], info["xxh3"], refusal)
             raise error from None
         # only into arrays of the saved dtype and shape (a user object's own load_state_dict decides
         # about the others, from fresh memory, as before)
@@ -74,12 +74,12 @@ class Placement(Agreement):
                        verified=self._verify_first)
 
     @staticmethod
-    def _damage_behind(path: str, info: Dict[str, Any], refusal: CheckpointError) -> CheckpointError:
+    def _damage_behind(path: str, size: int, checksum: str, refusal: CheckpointError) -> CheckpointError:
         """What to raise when a file not verified yet is refused for what its header says (not
         safetensors, a tensor of another dtype or shape): its checksum mismatch when the file is
         damaged (a load that falls back then goes on to an older checkpoint), else ``refusal``."""
         try:
-            location_of(path).verify(path, info["size"], info["xxh3"])
+            location_of(path).verify(path, size, checksum)
         except CheckpointError as damage:
             return damage
         return refusal

@@ -230,17 +230,14 @@ class ShardedState(Agreement):
         for name in names:
             path, info = check_file_name(directory, prefix + name), manifest["files"].get(prefix + name)
             try:
-                if info is None:
-                    raise CheckpointError(f"{path}: read by the sharded reader but not listed in the manifest."
-                                          + see("sharded-files-unlisted"))
-                if name not in got:
+                if info is not None and name not in got:
                     location.verify(path, info["size"], info["xxh3"])
-                elif got[name]["size"] != info["size"]:
-                    raise safetensors_io.size_mismatch(path, got[name]["size"], info["size"])
-                elif got[name]["xxh3"] != info["xxh3"]:
-                    raise safetensors_io.checksum_mismatch(path)
+                    continue
+                refusal = _hash_refusal(path, info, got.get(name, {}))
             except CheckpointError as err:
-                return damaged_while_placed(err, "the sharded arrays")
+                refusal = err
+            if refusal is not None:
+                return damaged_while_placed(refusal, "the sharded arrays")
         return None
 
     def _check_read_hashes(self, directory: str, manifest: Dict[str, Any], hashes: Dict[str, Any],
@@ -258,14 +255,9 @@ class ShardedState(Agreement):
         failure: Optional[str] = None if read_error is None else failure_reason(read_error)
         damage = read_error is None or is_damage(read_error)  # (a mismatch found below is damage)
         for name, got in sorted(hashes.items()):  # none after a failed read
-            path, info = check_file_name(directory, prefix + name), listed.get(prefix + name)
-            if info is None:
-                failure = f"{path}: read by the sharded reader but not listed in the manifest"
-            elif got["size"] != info["size"]:
-                failure = str(safetensors_io.size_mismatch(path, got["size"], info["size"]))
-            elif got["xxh3"] != info["xxh3"]:
-                failure = str(safetensors_io.checksum_mismatch(path))
-            if failure:
+            refusal = _hash_refusal(check_file_name(directory, prefix + name), listed.get(prefix + name), got)
+            if refusal is not None:
+                failure = str(refusal)
                 break
         gathered = self.collectives.all_gather_json({"hashed": sorted(hashes) + sorted(later), "error": failure,
                                                      "damage": damage},
@@ -366,3 +358,16 @@ class ShardedState(Agreement):
                          self.backend.process_index, self.backend.num_processes)
         return {path: safetensors_io.verify_for_reader(path, listed[name]["size"], listed[name]["xxh3"])
                 for path, name in ((check_file_name(directory, name), name) for name in share)}
+
+
+def _hash_refusal(path: str, info: Optional[Dict[str, Any]], got: Dict[str, Any]) -> Optional[CheckpointError]:
+    """Why the file at ``path``, read whole and hashed by the sharded reader (``got``: its size and
+    xxh3), does not match its manifest entry ``info`` (None: the manifest lists none), or None."""
+    if info is None:
+        return CheckpointError(f"{path}: read by the sharded reader but not listed in the manifest."
+                               + see("sharded-files-unlisted"))
+    if got["size"] != info["size"]:
+        return safetensors_io.size_mismatch(path, got["size"], info["size"])
+    if got["xxh3"] != info["xxh3"]:
+        return safetensors_io.checksum_mismatch(path)
+    return None
