@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    python -m benchmarks.store_checkpoint [--size-gb 1.5] [--repeats 3] [--parts torch,jax]
+    python -m benchmarks.store_checkpoint [--size-gb 1.5] [--repeats 3] [--parts torch,jax] [--contenders a,b]
 
 The parent starts moto's S3 server (``moto_server``, the server s3fs's own tests run against) in
 a process of its own on 127.0.0.1, so that the server's work does not share the benchmark's
@@ -85,6 +85,9 @@ def _with_variable(run: Callable[..., Dict[str, Any]], name: str, value: str) ->
 
 def _part(args: argparse.Namespace, framework: str, contenders: Dict[str, Callable[..., Any]], state_bytes: int,
           versions: Dict[str, str]) -> Dict[str, Any]:
+    if args.contenders:  # ``ours`` and ``raw`` always run: the report compares them
+        chosen = {"ours", "raw", *args.contenders.split(",")}
+        contenders = {name: run for name, run in contenders.items() if name in chosen}
     result = path_rounds(contenders, f"{args.bucket}/{framework}", args.repeats, memory=True)
     return {**result, "framework": framework, "state_bytes": state_bytes, "versions": versions}
 
@@ -164,6 +167,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--parts", default="torch,jax")
+    parser.add_argument("--contenders", default="",
+                        help="only these contenders besides ours and raw (comma-separated; default: all)")
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--bucket", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -177,7 +182,7 @@ def main() -> None:
             try:
                 results.append(run_part(module("store_checkpoint", "--part", part, "--bucket", bucket(f"bench-{part}"),
                                                "--size-gb", str(args.size_gb), "--repeats", str(args.repeats),
-                                               "--hidden", str(args.hidden))))
+                                               "--hidden", str(args.hidden), "--contenders", args.contenders)))
             except PartFailed as failure:
                 sys.exit(f"{part} part failed ({failure})")
     print(report(results, args))

@@ -149,14 +149,20 @@ class JaxSharding(ShardedTraining, ShardedArrays):
         """From an object store, or a folder that holds `write_shards`' files (a store's
         checkpoint copied to a folder): `backends.jax.storage.read_shards` (no collective), with
         the hashes of the files it read whole (into private local copies where
-        ``options.copy_to`` gives one: those arrays come back deferred). Orbax's files from a
+        ``options.copy_to`` gives one: those arrays come back deferred; in one pass,
+        ``options.hash_when_placed``, those files are instead streamed once, with no copy, as the
+        load makes their arrays, each handed to ``options.adopt_early``). Orbax's files from a
         folder, verified before: restored a group of arrays at a time (`OrbaxGroups`) as the load
         makes them with ``options.defer``, else at once."""
         from .storage import OrbaxGroups, holds_shard_files, read_shards
 
         if is_url(directory) or holds_shard_files(directory):
-            arrays, hashes = read_shards(directory, like, options.copy_to)
-            return ShardedRead(arrays, hashes)
+            one_pass = options.defer and options.hash_files and options.hash_when_placed
+            if one_pass:  # the files read whole are streamed into place as the load makes their arrays
+                read = read_shards(directory, like, stream_later=options.adopt_early or (lambda key, array: None))
+                return ShardedRead(read.arrays, read.hashed, read.later, read.later_hashes)
+            read = read_shards(directory, like, options.copy_to)
+            return ShardedRead(read.arrays, read.hashed)
         if options.defer:
             return ShardedRead(OrbaxGroups(os.path.abspath(directory), like).deferred())
         import orbax.checkpoint as ocp

@@ -20,12 +20,13 @@ Used by `backends.jax.sharding`, as torch's sharded state is written through its
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import math
 import os
 import re
-from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from unified.config import is_url
 from unified.errors import CheckpointError, see
 
 __all__ = ["uncompressed_pytree_handler", "SHARD_FILE", "holds_shard_files", "own_pieces", "write_shards",
-           "read_shards", "OrbaxGroups"]
+           "read_shards", "ShardsRead", "OrbaxGroups"]
 
 SHARD_FILE = re.compile(r"shard-(\d{5})\.safetensors")  # process i writes shard-0000i.safetensors
 _SHARDS_INFO = "UNIFIED_SHARDS"  # __metadata__: {entry: {"array", "offsets", "global_shape"}}
@@ -267,8 +268,20 @@ def _overlap(piece: _Piece,
     return tuple(taken), tuple(placed)
 
 
+class ShardsRead(NamedTuple):
+    """What `read_shards` read: ``arrays`` (name -> array, or `DeferredArray`), ``hashed`` (the
+    size and xxh3 of each file read whole now), and with ``stream_later`` the files read only
+    as their arrays are made (``later``: their names; ``later_hashes()``: their hashes by then)."""
+
+    arrays: Dict[str, Any]
+    hashed: FileHashes
+    later: Tuple[str, ...] = ()
+    later_hashes: Callable[[], FileHashes] = dict
+
+
 def read_shards(directory: str, like: Mapping[str, Any],
-                copy_to: Optional[Callable[[str, int], Optional[str]]] = None) -> Tuple[Dict[str, Any], FileHashes]:
+                copy_to: Optional[Callable[[str, int], Optional[str]]] = None,
+                stream_later: Optional[Callable[[str, Any], None]] = None) -> ShardsRead:
     """`write_shards`' files in ``directory`` read into new arrays placed like ``like`` (on any
     number of processes), and ``{name: {size, xxh3}}`` of the files this process read whole
     (hashed in that pass). No collective: each process reads what its devices need.
@@ -279,8 +292,15 @@ def read_shards(directory: str, like: Mapping[str, Any],
     restores them (one at a time: no second copy of the process's shard). Without a copy the
     arrays are made now, as before.
 
+    ``stream_later(key, array)`` (one pass, `ShardedLoad.hash_when_placed`; ``copy_to`` is then
+    not used): the files this process reads whole are read only when the first array made of
+    them is asked for (`DeferredArray.make`), once, in file order, hashed as they stream, with
+    no local copy; every array of such a file is handed to ``stream_later`` as soon as its
+    pieces arrived, which puts it in place of the live one at once where it can, so that the
+    load holds one array beyond the live state whatever order the arrays are made in.
+
     Example:
-        >>> arrays, hashed = read_shards("s3://bucket/run/checkpoint_3/sharded.orbax", {"w": live_w})
+        >>> arrays, hashed, _, _ = read_shards("s3://bucket/run/checkpoint_3/sharded.orbax", {"w": live_w})
     """
     files = _Files(directory)
     pieces, shapes, sizes, headers = _pieces(files)
@@ -308,8 +328,15 @@ def read_shards(directory: str, like: Mapping[str, Any],
     for key, saved in pieces.items():
         for piece in saved:
             by_file.setdefault(piece.path, []).append((key, piece))
+    whole = {path for path, held in by_file.items()
+             if all(_extent(piece) in regions.get(key, {}) for key, piece in held)}  # every entry is a region of mine
+    streamed = _streamable(whole, by_file, regions) if stream_later is not None else set()
     for path, held in by_file.items():
-        if all(_extent(piece) in regions.get(key, {}) for key, piece in held):  # every entry is a region of mine
+        if path in streamed:  # read when its first array is made (`_ShardStreams`)
+            for key, piece in held:
+                buffers.filled[(key, _extent(piece))] += math.prod(piece.shape)
+            continue
+        if path in whole:
             local = copy_to(path, sizes[path]) if copy_to is not None and files.store is not None else None
             got = private_copy(files.store, path, local, sizes[path], headers[path]) if local is not None else None
             if got is not None:
@@ -337,14 +364,116 @@ def read_shards(directory: str, like: Mapping[str, Any],
             if buffers.filled[(key, bounds)] != math.prod(b - a for a, b in bounds):
                 raise CheckpointError(f"{directory}: its pieces of {key!r} do not cover the part {bounds} this process "
                                       "holds; nothing was restored." + see("sharded-load-failed"))
+    streams = _ShardStreams(files, {path: sizes[path] for path in streamed},
+                            {path: by_file[path] for path in streamed}, like, regions, stream_later)
     out: Dict[str, Any] = {}
     for key, value in like.items():
         sources = {bounds: copied.get((key, bounds)) for bounds in regions[key]}
-        if all(sources.values()):
+        if streams.holds(key):
+            out[key] = _Streamed(streams, key, tuple(value.shape), np.dtype(value.dtype))
+        elif all(sources.values()):
             out[key] = _FromCopy(tuple(value.shape), np.dtype(value.dtype), value.sharding, regions[key], sources)
         else:
             out[key] = buffers.array(key)
-    return out, hashed
+    return ShardsRead(out, hashed, tuple(sorted(os.path.basename(path) for path in streamed)), streams.hashes)
+
+
+def _streamable(whole: Set[str], by_file: Mapping[str, List[Tuple[str, "_Piece"]]],
+                regions: Mapping[str, Mapping[Tuple[Tuple[int, int], ...], List[Any]]]) -> Set[str]:
+    """The files of ``whole`` (each entry a region of this process's) that may be read only when
+    their arrays are made: those whose every array has each of its regions in such a file (an
+    array with a region read now, a slice of another file, is made now, with its files)."""
+    source = {(key, _extent(piece)): path for path in whole for key, piece in by_file[path]}
+    streamed = set(whole)
+    while True:
+        ready = {key for key, mine in regions.items() if all(source.get((key, b)) in streamed for b in mine)}
+        keep = {path for path in streamed if all(key in ready for key, _ in by_file[path])}
+        if keep == streamed:
+            return streamed
+        streamed = keep
+
+
+class _ShardStreams:
+    """The shard files read in one pass as the load makes their arrays (`read_shards`'
+    ``stream_later``): the first array asked for reads its files, each once, in file order,
+    hashing them; an array is made (`_global_array`) as soon as its last region arrived and handed
+    to ``adopt`` (which puts it in place of the live one where it can), and kept until it is
+    asked for. A failed read is raised again for every array of the file asked for after it."""
+
+    def __init__(self, files: _Files, sizes: Mapping[str, int], held: Mapping[str, List[Tuple[str, "_Piece"]]],
+                 like: Mapping[str, Any], regions: Mapping[str, Mapping[Tuple[Tuple[int, int], ...], List[Any]]],
+                 adopt: Optional[Callable[[str, Any], None]]) -> None:
+        self._files, self._sizes, self._held, self._adopt = files, dict(sizes), dict(held), adopt
+        keys = {key for pieces in held.values() for key, _ in pieces}
+        # not the live arrays (they are freed when replaced): what a new one is made like
+        self._made_like = {key: (tuple(like[key].shape), like[key].sharding) for key in keys}
+        self._regions = {key: dict(regions[key]) for key in keys}
+        self._files_of = {key: sorted({path for path, pieces in held.items() for k, _ in pieces if k == key})
+                          for key in keys}
+        self._arrived: Dict[str, Dict[Tuple[Tuple[int, int], ...], List[np.ndarray]]] = {key: {} for key in keys}
+        self._ready: Dict[str, Any] = {}
+        self._hashes: FileHashes = {}
+        self._failed: Dict[str, BaseException] = {}
+
+    def holds(self, key: str) -> bool:
+        return key in self._made_like
+
+    def hashes(self) -> FileHashes:
+        """The size and xxh3 of each file streamed whole so far."""
+        return dict(self._hashes)
+
+    def make(self, key: str) -> Any:
+        for path in self._files_of[key]:
+            if path in self._failed:
+                raise self._failed[path]
+            if os.path.basename(path) not in self._hashes:
+                self._stream(path)
+        if key not in self._ready:  # its file's header no longer lists a piece it listed before
+            raise CheckpointError(f"{self._files_of[key][0]}: changed while it was read (a piece of {key!r} its header "
+                                  "listed before is missing)." + see("file-ended"))
+        return self._ready.pop(key)
+
+    def _stream(self, path: str) -> None:
+        hand_offs = {piece.entry: functools.partial(self._piece_arrived, key, piece) for key, piece in self._held[path]}
+        try:
+            with self._files.reading(path) as handle:
+                self._hashes[os.path.basename(path)] = safetensors_io.read_stream_handed(
+                    handle, path, self._sizes[path], hand_offs)
+        except BaseException as err:
+            self._failed[path] = err
+            raise
+
+    def _piece_arrived(self, key: str, piece: "_Piece", host: np.ndarray) -> None:
+        if host.dtype != safetensors_io.numpy_dtype(piece.dtype) or tuple(host.shape) != piece.shape:
+            raise CheckpointError(f"{piece.path}: changed while it was read ({piece.entry} is not the "
+                                  f"{piece.dtype} {list(piece.shape)} its header listed before)." + see("file-ended"))
+        bounds = _extent(piece)
+        devices = self._regions[key][bounds]
+        copies = [host]
+        for _ in devices[1:]:  # one buffer per device of the region
+            copies.append(safetensors_io.private_array(host.dtype, host.shape))
+            copies[-1][...] = host
+        arrived = self._arrived[key]
+        arrived[bounds] = copies
+        if len(arrived) < len(self._regions[key]):
+            return
+        shape, sharding = self._made_like[key]
+        array = _global_array(shape, sharding, [(device, buffer) for region, held in self._regions[key].items()
+                                                for device, buffer in zip(held, arrived[region])])
+        del self._arrived[key], arrived, copies, host
+        self._ready[key] = array
+        if self._adopt is not None:
+            self._adopt(key, array)
+
+
+class _Streamed(DeferredArray):
+    """A sharded array read from files streamed once as the load makes it (`_ShardStreams`)."""
+
+    def __init__(self, streams: _ShardStreams, key: str, shape: Tuple[int, ...], dtype: np.dtype) -> None:
+        self._streams, self._key, self.shape, self.dtype = streams, key, shape, dtype
+
+    def make(self) -> Any:
+        return self._streams.make(self._key)
 
 
 class _Buffers:

@@ -419,6 +419,47 @@ class _FilledOnDevice(Replaceable):
         with torch.no_grad():  # from pageable memory: the copy is done when copy_ returns
             self._tensor.view(-1).view(torch.uint8).copy_(source)
 
+    @property
+    def copies_while_reading(self) -> bool:
+        return self._tensor.device.type == "cuda"
+
+    def staging_buffer(self, nbytes: int) -> Optional[np.ndarray]:
+        """Pinned host memory on CUDA (a copy from it runs without the host waiting); else None."""
+        if self._tensor.device.type != "cuda":
+            return None
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()  # the array keeps the tensor
+
+    def replace_async(self, host: np.ndarray) -> Any:
+        """On CUDA: the copy queued on this device's copy stream, after the work already queued
+        on the current one (which may still use the tensor), and that stream's later work queued
+        after the copy; returns the wait for the copy (the load calls it before it reuses
+        ``host`` and before it returns). Elsewhere: `replace`."""
+        if self._tensor.device.type != "cuda":
+            self.replace(host)
+            return None
+        device = self._tensor.device
+        copying, current = _copy_stream(device), torch.cuda.current_stream(device)
+        copying.wait_stream(current)
+        source = torch.from_numpy(host.reshape(-1).view(np.uint8))
+        with torch.no_grad(), torch.cuda.stream(copying):
+            self._tensor.view(-1).view(torch.uint8).copy_(source, non_blocking=True)
+        self._tensor.record_stream(copying)  # its memory is not reused before the copy ran
+        copied = torch.cuda.Event(blocking=True)  # the wait sleeps rather than spins: the reads need the cores
+        copied.record(copying)
+        current.wait_event(copied)
+        return copied.synchronize
+
+
+_COPY_STREAMS: Dict[int, Any] = {}  # device index -> the stream a load's host-to-device copies run on
+_COPY_STREAMS_MADE = threading.Lock()  # files are read side by side, on threads of their own
+
+
+def _copy_stream(device: torch.device) -> Any:
+    with _COPY_STREAMS_MADE:
+        if device.index not in _COPY_STREAMS:
+            _COPY_STREAMS[device.index] = torch.cuda.Stream(device=device)
+        return _COPY_STREAMS[device.index]
+
 
 def _fillable_on_device(tensor: torch.Tensor) -> bool:
     return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.device.type not in ("cpu", "meta")

@@ -305,3 +305,65 @@ def test_an_object_written_again_with_as_many_bytes_counts_as_changed(bucket):
     assert not store.changed(f"{url}/obj", before)
     fs.pipe_file(f"{url}/obj", b"b" * 64)
     assert store.changed(f"{url}/obj", before)
+
+
+def test_a_one_pass_load_asks_the_store_for_each_object_s_metadata_once(accelerator_of, monkeypatch):
+    """A one-pass load (the default) asks the real server (moto, behind a counting proxy) for each
+    object's metadata (HEAD) once at most: `ObjectStore.describe` compares the size of an object
+    read into place with the manifest's before anything is restored; `read_placed` then streams
+    it with no request for metadata (neither its own nor the client's, which s3fs makes when it
+    opens or first reads an object), its bytes checked by the stream's length and the xxh3 at
+    the end. Before, every object read into place was asked three times (describe, read_placed's
+    identity, s3fs's file), every other object twice. An object changed, shortened or deleted
+    between describe and the read is still refused, naming it."""
+    from unified.testing.object_store import FaultyEndpoint, requests_through, s3_server
+
+    monkeypatch.setenv("UNIFIED_IN_PLACE_MIN_BYTES", "0")  # every array into place
+    with s3_server() as server, FaultyEndpoint(server.endpoint) as proxy, requests_through(proxy.endpoint):
+        url = server.bucket()
+        acc, model, optimizer = accelerator_of()
+        _step(acc, model, optimizer)
+        saved = _params(model)
+        acc.save_state(f"{url}/run")
+        _step(acc, model, optimizer)
+        asked, take = [], proxy._take
+
+        def counted(method, path):
+            asked.append((method, path.split("?", 1)[0]))
+            return take(method, path)
+
+        monkeypatch.setattr(proxy, "_take", counted)
+        acc.load_state(f"{url}/run")
+        assert _same(_params(model), saved)
+        heads = {}
+        for method, path in asked:
+            if path.endswith(".safetensors") and method == "HEAD":
+                name = path.rsplit("/", 1)[1]
+                heads[name] = heads.get(name, 0) + 1
+        assert {"model_0.safetensors", "optimizer_0.safetensors"} <= set(heads), asked
+        assert set(heads.values()) == {1}, heads
+
+        # changed after describe asked for its metadata, before the read: refused all the same
+        describe = ObjectStore.describe
+        changes = {"checksum mismatch": lambda data: data[:-1] + bytes([data[-1] ^ 1]),  # as many bytes
+                   "ended before its": lambda data: data[:-8],
+                   "missing from the store": None}
+        fs = server.filesystem()
+        kept = fs.cat_file(f"{url}/run/model_0.safetensors")
+        for refusal, change in changes.items():
+            def describe_then_change(self, path, size, change=change):
+                described = describe(self, path, size)
+                if path.endswith("model_0.safetensors"):
+                    if change is None:
+                        fs.rm_file(path)
+                    else:
+                        fs.pipe_file(path, change(kept))
+                return described
+
+            monkeypatch.setattr(ObjectStore, "describe", describe_then_change)
+            with pytest.raises(CheckpointError, match=f"model_0.safetensors: .*{refusal}.*found while model"):
+                acc.load_state(f"{url}/run")
+            monkeypatch.setattr(ObjectStore, "describe", describe)
+            fs.pipe_file(f"{url}/run/model_0.safetensors", kept)
+        acc.load_state(f"{url}/run")
+        assert _same(_params(model), saved)

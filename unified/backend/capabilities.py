@@ -110,6 +110,42 @@ class Replaceable(abc.ABC):
         which it never writes again, instead of the staging buffer it reuses for the next array."""
         return False
 
+    @property
+    def copies_while_reading(self) -> bool:
+        """Whether `replace_async` returns before its copy is done (a torch tensor on a GPU), so
+        that a load reads and hashes the next array into a second staging buffer while this one's
+        copy runs. False (the default): one staging buffer, each array handed off by `replace`."""
+        return False
+
+    def replace_async(self, host: Any) -> Optional[Callable[[], None]]:
+        """Start making the object hold ``host``'s values, as `replace` does, without waiting for
+        the copy: returns a function that waits until ``host``'s memory is no longer read (the
+        load writes the next array there after it), or None when the copy is done already. The
+        default is `replace`, which copies before it returns. Asked for only where
+        `copies_while_reading`; ``host`` then lies in memory of `staging_buffer` when it gave some.
+
+        Example:
+            >>> wait = handle.replace_async(staging[:nbytes].view(dtype).reshape(shape))
+            >>> ...                                  # read and hash the next array into the other buffer
+            >>> if wait is not None:
+            ...     wait()                           # before ``staging`` is written again
+        """
+        self.replace(host)
+        return None
+
+    def staging_buffer(self, nbytes: int) -> Any:
+        """A writable uint8 NumPy array of ``nbytes`` from which `replace_async` copies without
+        waiting (page-locked host memory on CUDA), or None (the default): the load then makes
+        ordinary memory (`safetensors_io.private_array`). Asked twice per file, for the largest of
+        its arrays that `copies_while_reading`: the two buffers take turns.
+
+        Example:
+            >>> staging = handle.staging_buffer(64 << 20)   # torch on CUDA: pinned memory
+            >>> staging.dtype, staging.nbytes
+            (dtype('uint8'), 67108864)
+        """
+        return None
+
     def writable_in_place(self) -> Any:
         """A writable C-contiguous uint8 NumPy view of the memory of the array the object holds,
         when it lives in this process's host memory and nothing but the object can see it, so that
@@ -239,6 +275,12 @@ class ShardedLoad:
     the arrays were made; the manager compares them then (a mismatch leaves the objects holding
     part of the checkpoint, as any load that hashes as it places).
 
+    ``adopt_early(key, array)``: given with ``hash_when_placed``, only called from within a
+    `DeferredArray.make`. A reader that streams a file holding several arrays in its own order
+    (not ``like``'s) hands each array over as soon as it is whole: the manager puts it in place
+    of the live one at once where it can, so that the arrays made before they are asked for do
+    not pile up beside the live state. ``make`` later returns the same array.
+
     Example:
         >>> backend.load_sharded(root, like, ShardedLoad(hash_files=True))
     """
@@ -247,6 +289,7 @@ class ShardedLoad:
     defer: bool = False
     copy_to: Optional[Callable[[str, int], Optional[str]]] = None
     hash_when_placed: bool = False
+    adopt_early: Optional[Callable[[str, Any], None]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ so that every process raises at once instead of waiting out the others.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from ..backend import Backend, ShardedArrays
 from ..config import is_url
@@ -33,6 +33,7 @@ class Agreement:
     _falling_back: bool
     _verify_first: bool
     _placed_hashes: Optional[Tuple[Tuple[str, ...], Callable[[], Dict[str, Any]]]]
+    _adopting: FrozenSet[str]
 
     def _decided_by_main(self, operation: str, where: str, decide: Callable[[], Any]) -> Any:
         """``decide()`` (a look at the checkpoint folder or store: a JSON value) on the main

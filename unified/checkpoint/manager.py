@@ -17,7 +17,7 @@ The stages live in modules of their own, each a part of the manager (mixed in he
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Collection, Dict, FrozenSet, List, Optional, Tuple
 
 from ..backend import Backend, ShardedArrays
 from . import lease
@@ -75,6 +75,9 @@ class CheckpointManager(SaveFolders, Saving, Committing, ShardedState, LoadTarge
         # a sharded load in one pass: the files hashed as their arrays are placed, and their
         # hashes once placed (`ShardedRead.hashed_later`, `later_hashes`)
         self._placed_hashes: Optional[Tuple[Tuple[str, ...], Callable[[], Dict[str, Any]]]] = None
+        # while `_place_sharded` makes the arrays: the objects whose arrays a reader may hand over
+        # early (`ShardedLoad.adopt_early`)
+        self._adopting: FrozenSet[str] = frozenset()
         # main process: the experiment trackers' runs, written into every manifest (see TrackerSet)
         self.tracker_identities: Callable[[], Dict[str, Dict[str, str]]] = dict
         # this save's and this load's processes name folders of their own (`_own_folders`)

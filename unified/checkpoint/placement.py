@@ -24,7 +24,7 @@ from . import codec, safetensors_io
 from .agreement import Agreement
 from .failures import _not_damage, damaged_while_placed
 from .store import Folder, location_of
-from .types import _FILES_AT_ONCE, Entry, InPlace, Place, in_place_min_bytes
+from .types import _FILES_AT_ONCE, Entry, InPlace, Place, Placer, in_place_min_bytes
 
 
 class Placement(Agreement):
@@ -45,8 +45,7 @@ class Placement(Agreement):
                 places[name] = Place(raw, lambda value=value: value)
             elif name in handles:  # (`codec.encode` collected only `Replaceable` leaves)
                 handle = handles[name]
-                places[name] = Place(safetensors_io.KeepsHost(handle.replace) if handle.keeps_host else handle.replace,
-                                     handle.current, handle.writable_in_place)
+                places[name] = Place(_hand_off(handle), handle.current, handle.writable_in_place)
         return places
 
     def _plan_placing(self, directory: str, manifest: Dict[str, Any], entry: Entry,
@@ -173,3 +172,13 @@ class Placement(Agreement):
                 "they now hold part of this checkpoint: load it (or another) again before training."
                 + see("changed-while-placed")))
         return damaged_while_placed(err, name)
+
+
+def _hand_off(handle: Replaceable) -> Placer:
+    """How a read hands an array over to ``handle``: kept as it is (`KeepsHost`), a copy started
+    while the next array is read (`Overlapped`: a GPU's), else copied before the next one is read."""
+    if handle.keeps_host:
+        return safetensors_io.KeepsHost(handle.replace)
+    if handle.copies_while_reading:
+        return safetensors_io.Overlapped(handle.replace_async, handle.staging_buffer)
+    return handle.replace

@@ -33,6 +33,7 @@ from .safetensors_hash import (  # noqa: F401
 )
 from .safetensors_place import (  # noqa: F401
     KeepsHost,
+    Overlapped,
     Placing,
     private_array,
 )
@@ -46,6 +47,7 @@ from .safetensors_read import (  # noqa: F401
     read_placed,
     read_range_into,
     read_stream,
+    read_stream_handed,
     read_stream_into,
     read_stream_placed,
 )

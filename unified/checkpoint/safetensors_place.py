@@ -1,13 +1,15 @@
 """Where a verified read puts each array: memory the caller gives (a live tensor's bytes), a
-hand-off through one staging buffer (a JAX array replaced one at a time), or fresh private
+hand-off through one staging buffer (a JAX array replaced one at a time) or through two taking
+turns (`Overlapped`: a copy to a GPU runs while the next array is read), or fresh private
 memory of its own, aligned and in ordinary pages (`private_array`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import mmap
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,20 +29,32 @@ class Placing:
     thread of its own while the next array is read was measured slower: 2.3-2.7 s against
     1.5-1.8 s for a 1.5 GB JAX state on 2 cores.) A `KeepsHost` hand-off keeps the array itself
     (a JAX array on the CPU made over its memory): each such array gets fresh memory of its own,
-    made just before its bytes are read, and is never written again."""
+    made just before its bytes are read, and is never written again. An `Overlapped` hand-off
+    only starts a copy: such arrays take turns in two staging buffers, so that the next one is
+    read and hashed while the last one's copy runs; a buffer is written again only once the copy
+    from it was waited for, and the readers wait for every copy before they return
+    (`copies_waited`)."""
 
     def __init__(self, into: Mapping[str, Any]) -> None:
         self.into = into
         self.placed: List[str] = []
         self._handed: Dict[int, Callable[[np.ndarray], None]] = {}  # id(staging view or own array) -> hand_off
-        self.stages = False  # some array goes through the staging buffer: one array after another
+        self.stages = False  # some array goes through a staging buffer: one array after another
+        self._turns: List[np.ndarray] = []  # the two staging buffers of `Overlapped` arrays
+        self._copying: List[Optional[Callable[[], None]]] = [None, None]  # each one's copy still to wait for
+        self._next_turn = 0
+        self._overlapped: Dict[int, Tuple[int, Overlapped]] = {}  # id(view) -> (its buffer, hand-off)
 
     def lay_out(self, header: str, data_size: int, path: str) -> Tuple[Dict[str, Any], List[Tuple[int, Any]]]:
         """The arrays of a file's entries (``header``: its text, as `_header_text` gives it; a
         `_Staged` for those made only when read: see `memory_for`) and the same in file order
         with their offsets."""
         arrays, starts = _lay_out(header, data_size, path, self._make)
-        staged = {key: spec for key, spec in arrays.items() if isinstance(spec, _Staged) and not spec.own}
+        staged = {key: spec for key, spec in arrays.items() if isinstance(spec, _Staged) and spec.shares_one}
+        overlapped = [spec for spec in arrays.values() if isinstance(spec, _Staged) and spec.overlapped]
+        if overlapped:
+            largest = max(spec.nbytes for spec in overlapped)
+            self._turns = [_staging(overlapped[0].hand_off, largest) for _ in range(2)]
         if staged:
             buffer = private_array(np.dtype(np.uint8), (max(spec.nbytes for spec in staged.values()),))
             for key, spec in staged.items():
@@ -50,20 +64,61 @@ class Placing:
         return arrays, _in_file_order(arrays, starts)
 
     def memory_for(self, array: Any) -> np.ndarray:
-        """The memory an entry of `lay_out` is read into: its own, made now, for a `KeepsHost`."""
+        """The memory an entry of `lay_out` is read into: its own, made now, for a `KeepsHost`;
+        the next of the two staging buffers for an `Overlapped` one, once the copy from it ran
+        (the arrays of a file are read one after another: ``stages``)."""
         if not isinstance(array, _Staged):
             return array
+        if array.overlapped:
+            turn = self._next_turn
+            self._next_turn = 1 - turn
+            self._wait_for(turn)
+            view = self._turns[turn][:array.nbytes].view(array.dtype).reshape(array.shape)
+            self._overlapped[id(view)] = (turn, array.hand_off)
+            return view
         own = private_array(array.dtype, array.shape)
         self._handed[id(own)] = array.hand_off
         return own
 
     def done(self, array: np.ndarray) -> None:
-        """After ``array``'s last byte was read and hashed: hand it off if it is staged."""
+        """After ``array``'s last byte was read and hashed: hand it off if it is staged (an
+        `Overlapped` one: its copy started, waited for before its buffer is written again)."""
+        turn_and_hand_off = self._overlapped.pop(id(array), None)
+        if turn_and_hand_off is not None:
+            turn, hand_off = turn_and_hand_off
+            self._copying[turn] = hand_off.replace_async(array)
+            return
         hand_off = self._handed.get(id(array))
         if hand_off is not None:
             if isinstance(hand_off, KeepsHost):  # its memory is the new array's: no id of it is kept
                 del self._handed[id(array)]
             hand_off(array)
+
+    @contextlib.contextmanager
+    def copies_waited(self) -> Iterator[None]:
+        """Around a read: on the way out, wait for every copy still reading a staging buffer
+        (`Overlapped`), also when the read fails (its error is raised then, not a copy's).
+
+        Example:
+            >>> with placing.copies_waited():
+            ...     _stream_into(handle, spans, digest, path, size, chunk, placing.done, placing.memory_for)
+        """
+        try:
+            yield
+        except BaseException:
+            for turn in range(2):
+                with contextlib.suppress(Exception):
+                    self._wait_for(turn)
+            raise
+        try:
+            self._wait_for(0)
+        finally:
+            self._wait_for(1)
+
+    def _wait_for(self, turn: int) -> None:
+        wait, self._copying[turn] = self._copying[turn], None
+        if wait is not None:
+            wait()
 
     def _make(self, key: str, dtype: np.dtype, shape: Tuple[int, ...], start: int) -> Any:
         target = self.into.get(key)
@@ -100,12 +155,46 @@ class KeepsHost:
         self.hand_off(array)
 
 
+class Overlapped:
+    """An ``into`` value of `read_placed` and `read_stream_placed` whose hand-off only starts a
+    copy (a torch tensor on a GPU filled from pinned memory on a stream of its own):
+    ``replace_async(array)`` returns a function that waits until ``array``'s memory is no longer
+    read, or None when the copy is done already (`Replaceable.replace_async`). Such arrays take
+    turns in two staging buffers, each of ``staging(nbytes)`` when it gives one (pinned memory),
+    else of `private_array`; called as a plain hand-off, it waits for its copy.
+
+    Example:
+        >>> into = {"w": Overlapped(handle.replace_async, handle.staging_buffer)}
+        >>> arrays, placed = read_placed(path, size, checksum, into)   # every copy waited for on return
+    """
+
+    def __init__(self, replace_async: Callable[[np.ndarray], Optional[Callable[[], None]]],
+                 staging: Callable[[int], Optional[np.ndarray]] = lambda nbytes: None) -> None:
+        self.replace_async, self.staging = replace_async, staging
+
+    def __call__(self, array: np.ndarray) -> None:
+        wait = self.replace_async(array)
+        if wait is not None:
+            wait()
+
+
+def _staging(hand_off: Overlapped, nbytes: int) -> np.ndarray:
+    """A staging buffer of ``nbytes`` for `Overlapped` arrays: the hand-off's own, else private memory."""
+    buffer = hand_off.staging(nbytes)
+    if buffer is None:
+        return private_array(np.dtype(np.uint8), (nbytes,))
+    return buffer.reshape(-1).view(np.uint8)[:nbytes]
+
+
 class _Staged:
-    """An array `Placing` reads into its staging buffer (or, ``own``, memory of its own) and hands off."""
+    """An array `Placing` reads into its staging buffer (``shares_one``), memory of its own
+    (``own``: a `KeepsHost`) or one of two buffers taking turns (``overlapped``), and hands off."""
 
     def __init__(self, dtype: np.dtype, shape: Tuple[int, ...], hand_off: Callable[[np.ndarray], None]) -> None:
         self.dtype, self.shape, self.hand_off = dtype, shape, hand_off
         self.own = isinstance(hand_off, KeepsHost)
+        self.overlapped = isinstance(hand_off, Overlapped)
+        self.shares_one = not (self.own or self.overlapped)
         self.nbytes = math.prod(shape) * dtype.itemsize
 
 

@@ -27,7 +27,7 @@ from .safetensors_format import (
     safetensors_dtype,
     size_mismatch,
 )
-from .safetensors_place import Placing
+from .safetensors_place import KeepsHost, Placing
 
 _READ_CHUNK = 16 << 20  # reading: each chunk is hashed right after it was read, while cache-warm
 _READERS = max(1, min(4, os.cpu_count() or 1))  # threads reading one file's chunks
@@ -57,7 +57,8 @@ def read_stream_placed(handle: Any, path: str, size: int, checksum: str, into: M
     placing = Placing(into)
     length, header = _stream_header(handle, path, size, digest)
     arrays, spans = placing.lay_out(header, size - 8 - length, path)
-    _stream_into(handle, spans, digest, path, size, chunk, placing.done, placing.memory_for)
+    with placing.copies_waited():
+        _stream_into(handle, spans, digest, path, size, chunk, placing.done, placing.memory_for)
     if digest.hexdigest() != checksum:
         raise checksum_mismatch(path)
     return placing.fresh(arrays), placing.placed
@@ -82,6 +83,29 @@ def read_stream_into(handle: Any, path: str, size: int,
     if any(array is None for array in arrays.values()):
         return None
     _stream_into(handle, _in_file_order(arrays, starts), digest, path, size, chunk)
+    return {"size": size, "xxh3": digest.hexdigest()}
+
+
+def read_stream_handed(handle: Any, path: str, size: int, hand_offs: Mapping[str, Callable[[np.ndarray], None]],
+                       chunk: int = _READ_CHUNK) -> Dict[str, object]:
+    """Stream a file of ``size`` bytes once, in file order, handing each array named in
+    ``hand_offs`` over as soon as its bytes are read and hashed: each is read into fresh memory
+    of its own, made just before its bytes (`KeepsHost`), so a caller that puts every array in
+    place as it comes holds one array beyond the live state, not a copy of the file. Returns
+    ``{"size", "xxh3"}`` for the caller to compare once the file ended (a hand-off may have run
+    before a mismatch is known). Raises `CheckpointError` naming ``path`` when the stream ends
+    early or the file is not well-formed; an entry not named is read into fresh memory and dropped.
+
+    Example:
+        >>> with open("shard-00000.safetensors", "rb") as f:
+        ...     read_stream_handed(f, "shard-00000.safetensors", 4200, {"w@0,0": put_in_place})
+        {'size': 4200, 'xxh3': '...'}
+    """
+    digest = xxhash.xxh3_64()
+    placing = Placing({key: KeepsHost(hand_off) for key, hand_off in hand_offs.items()})
+    length, header = _stream_header(handle, path, size, digest)
+    _, spans = placing.lay_out(header, size - 8 - length, path)
+    _stream_into(handle, spans, digest, path, size, chunk, placing.done, placing.memory_for)
     return {"size": size, "xxh3": digest.hexdigest()}
 
 
@@ -277,7 +301,7 @@ def read_placed(path: str, size: int, checksum: str, into: Mapping[str, Any]
             raise
         if placing.stages:  # one array after another through the staging buffer
             os.lseek(fd, 8 + length, os.SEEK_SET)
-            with io.FileIO(fd, "rb", closefd=False) as handle:
+            with io.FileIO(fd, "rb", closefd=False) as handle, placing.copies_waited():
                 _stream_into(handle, spans, digest, path, size, _READ_CHUNK, placing.done, placing.memory_for)
         else:
             _read_into(fd, 8 + length, spans, digest, path, size, placing.memory_for, placing.done)

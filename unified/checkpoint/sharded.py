@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..backend import DeferredArray, Replaceable, ShardedLoad, ShardedWrite
 from ..config import is_url
@@ -18,7 +18,7 @@ from .failures import _not_damage, damaged_while_placed, is_damage
 from .manifest import check_file_name
 from .save import _hash_files, _tree, share_of
 from .store import ObjectStore, StoreError, location_of
-from .types import ShardedLater, Snapshot, in_place_min_bytes
+from .types import Entry, ShardedLater, Snapshot, in_place_min_bytes
 
 
 class ShardedState(Agreement):
@@ -126,7 +126,7 @@ class ShardedState(Agreement):
             bounded = any(int(getattr(value, "nbytes", 0)) >= in_place_min_bytes() for value in like.values())
             read = self.sharding.load_sharded(root, like, ShardedLoad(
                 hash_files=hashing, defer=bounded, copy_to=self._copy_for if bounded and is_url(directory) else None,
-                hash_when_placed=not self._verify_first))
+                hash_when_placed=not self._verify_first, adopt_early=self._adopt_early(names, owner)))
             restored, hashes = read.arrays, read.hashes  # (the hashes count only when `hashing`)
             if hashing and read.hashed_later:  # one pass: compared once the arrays are placed
                 self._placed_hashes = (read.hashed_later, read.later_hashes)
@@ -161,6 +161,28 @@ class ShardedState(Agreement):
                 else self._decode(entry, manifest["structures"][entry.name], files[entry.name], by_name)
                 for entry in self.entries if entry.name in files}
 
+    def _adopt_early(self, names: Dict[str, str], owner: Dict[str, str]) -> Callable[[str, Any], None]:
+        """`ShardedLoad.adopt_early`: the reader's array ``key`` put in place of its object's live
+        one at once, while `_place_sharded` makes the arrays of the objects this load restores
+        (``names``: the reader's keys to the arrays' names; ``owner``: each name's object)."""
+        by_name = {entry.name: entry for entry in self.entries}
+        handles: Dict[str, Dict[str, Replaceable]] = {}
+
+        def adopt(key: str, array: Any) -> None:
+            name = names[key]
+            entry = owner[name]
+            if entry not in self._adopting:  # restored by a load-state hook: the object takes it with its state
+                return
+            if entry not in handles:
+                tree = by_name[entry].replaceable()
+                handles[entry] = ({} if tree is None else
+                                  codec.encode(tree, lambda x: isinstance(x, Replaceable), entry)[1])
+            handle = handles[entry].get(name)
+            if handle is not None and handle.current() is not array:
+                handle.adopt(array)
+
+        return adopt
+
     def _place_sharded(self, directory: str, manifest: Dict[str, Any], candidates: Dict[str, Any],
                        states: Dict[str, Any]) -> None:
         """After every check passed on every process (collective): each sharded array a reader
@@ -176,8 +198,26 @@ class ShardedState(Agreement):
         # Every process of a sharded load goes on to the exchange below, also one with nothing
         # deferred: whether a process's reader deferred depends on its own shards (whether it needs
         # each file whole, their sizes), so it differs between processes (under a mesh, for example).
-        failure: Optional[BaseException] = None
         by_name = {entry.name: entry for entry in self.entries}
+        self._adopting = frozenset(later)
+        try:
+            failure = self._make_deferred(directory, manifest, later, by_name, states)
+        finally:
+            self._adopting = frozenset()
+        changed = self._changed(self._read_after_check or {}) if failure is None else []
+        if changed:
+            failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it "
+                                      "was verified; the objects now hold part of this checkpoint: load it (or "
+                                      "another) again before training." + see("changed-while-placed"))
+        if failure is None and self._placed_hashes is not None:
+            failure = self._check_placed_hashes(directory, manifest)
+        self._share_verified(directory, failure, "load_state (sharded arrays placed)")
+
+    def _make_deferred(self, directory: str, manifest: Dict[str, Any], later: Dict[str, ShardedLater],
+                       by_name: Dict[str, Entry], states: Dict[str, Any]) -> Optional[BaseException]:
+        """`_place_sharded`'s making of each deferred array, object by object, each put in place
+        at once (`Replaceable.adopt`; a reader may have handed it over earlier, `_adopt_early`);
+        ``states`` gets each object's decoded state. The first failure, or None."""
         for name, pending in later.items():
             entry = by_name[name]
             tree = entry.replaceable()
@@ -190,33 +230,24 @@ class ShardedState(Agreement):
                         continue
                     sharded[key] = value = value.make()
                     if key in handles:  # else the object takes it with the rest of its state
-                        handles[key].adopt(value)
+                        if handles[key].current() is not value:  # (not handed over early)
+                            handles[key].adopt(value)
                         sharded[key] = handles[key].current()
                     del value
             except (CheckpointError, OSError) as err:
                 if self._placed_hashes is not None:  # one pass: found as it was placed
-                    failure = damaged_while_placed(err, f"the sharded arrays of {name}")
-                    break
-                failure = CheckpointError(f"{directory}: a sharded file changed or could not be read while {name} was "
-                                          f"read into place, after it was verified ({err}); the objects now hold part "
-                                          "of this checkpoint: load it (or another) again before training."
-                                          + see("changed-while-placed"))
-                break
+                    return damaged_while_placed(err, f"the sharded arrays of {name}")
+                return CheckpointError(f"{directory}: a sharded file changed or could not be read while {name} was "
+                                       f"read into place, after it was verified ({err}); the objects now hold part "
+                                       "of this checkpoint: load it (or another) again before training."
+                                       + see("changed-while-placed"))
             except Exception as err:  # noqa: BLE001 - a replacement failed (out of memory...): every process hears it
-                failure = CheckpointError(f"{directory}: restoring the sharded arrays of {name} failed after they were "
-                                          f"verified ({type(err).__name__}: {err}); the objects now hold part of this "
-                                          "checkpoint: free memory, then load it (or another) again before training."
-                                          + see("placing-failed"))
-                break
+                return CheckpointError(f"{directory}: restoring the sharded arrays of {name} failed after they were "
+                                       f"verified ({type(err).__name__}: {err}); the objects now hold part of this "
+                                       "checkpoint: free memory, then load it (or another) again before training."
+                                       + see("placing-failed"))
             states[name] = self._decode(entry, manifest["structures"][name], pending.arrays, sharded)
-        changed = self._changed(self._read_after_check or {}) if failure is None else []
-        if changed:
-            failure = CheckpointError(f"{changed[0]}: changed while the sharded reader read it into place, after it "
-                                      "was verified; the objects now hold part of this checkpoint: load it (or "
-                                      "another) again before training." + see("changed-while-placed"))
-        if failure is None and self._placed_hashes is not None:
-            failure = self._check_placed_hashes(directory, manifest)
-        self._share_verified(directory, failure, "load_state (sharded arrays placed)")
+        return None
 
     def _check_placed_hashes(self, directory: str, manifest: Dict[str, Any]) -> Optional[CheckpointError]:
         """One pass (`ShardedLoad.hash_when_placed`): the files the reader hashed as it placed

@@ -35,7 +35,8 @@ class Placer(Protocol):
     """Takes over one array a verified read has just filled (``into`` of `Reader.read_placed`,
     besides a writable uint8 view of the live array's bytes): it must copy what it keeps before
     it returns, unless it is a `safetensors_io.KeepsHost` (a JAX array replaced one at a time:
-    `Replaceable.replace`)."""
+    `Replaceable.replace`, keeping the memory) or a `safetensors_io.Overlapped` (its copy only
+    started, and waited for before the memory is written again: `Replaceable.replace_async`)."""
 
     def __call__(self, array: np.ndarray) -> None: ...
 
