@@ -16,7 +16,7 @@ import atexit
 import functools
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -450,6 +450,24 @@ class _Slot(Replaceable):
         self._variable.set_value(new)  # the old array is freed here unless the script holds it
         if all(device.platform == "cpu" for device in new.devices()):
             _freed(host.nbytes)
+
+    @property
+    def copies_while_reading(self) -> bool:
+        # on a GPU the transfer from ``host`` runs while the load reads and hashes the next array
+        return not self.keeps_host
+
+    def replace_async(self, host: np.ndarray) -> Optional[Callable[[], Any]]:
+        """The new array made from ``host`` and put in the Variable at once; returns its wait
+        (the transfer from ``host`` done), which the load calls before it reuses ``host``. An
+        array made over ``host`` itself (the CPU) gets a copy of its own first."""
+        like = self._variable.get_value()
+        new = place(host, like, like.sharding, type(self._variable).__name__)
+        if shares_memory(new, host):
+            new.block_until_ready()
+            new = place(np.array(host, copy=True), like, like.sharding, type(self._variable).__name__)
+        del like
+        self._variable.set_value(new)  # the old array is freed here unless the script holds it
+        return new.block_until_ready
 
     def writable_in_place(self) -> Optional[np.ndarray]:
         owned = self._handover.owned(self)

@@ -68,6 +68,38 @@ def test_a_load_replaces_the_large_arrays_exactly_and_writes_none_in_place(tmp_p
 
 
 
+def test_the_overlapped_hand_off_a_gpu_takes_restores_exactly(tmp_path, monkeypatch):
+    """On a GPU a replaced array's transfer runs while the next one is read (`_Slot.replace_async`,
+    two staging buffers taking turns). No GPU here: the same path is forced on the CPU, and must
+    restore every value exactly, leave the arrays the script kept unchanged and train on. (The
+    rotation's waits are checked with copies that run late in test_overlapped_placing.py.)"""
+    from backends.jax.core import _Slot
+
+    calls = []
+    replace_async = _Slot.replace_async
+
+    def recorded(self, host):
+        calls.append(host.nbytes)
+        return replace_async(self, host)
+
+    monkeypatch.setattr(_Slot, "keeps_host", property(lambda self: False))  # as on a GPU
+    monkeypatch.setattr(_Slot, "copies_while_reading", property(lambda self: True))
+    monkeypatch.setattr(_Slot, "replace_async", recorded)
+    acc, model, optimizer = _run()
+    _step(model, optimizer)
+    saved = _snapshot(model, optimizer)
+    acc.save_state(str(tmp_path / "ckpt"))
+    _step(model, optimizer, scale=3.0)
+    kept = jax.tree.leaves(nnx.state(model))  # references the script holds: every array is replaced
+    kept_values = [np.array(k) for k in kept]
+    acc.load_state(str(tmp_path / "ckpt"))
+    assert calls and max(calls) >= 4 << 20  # the 4 MiB kernel went through it
+    assert all(_equal(a, b) for a, b in zip(_snapshot(model, optimizer), saved))
+    assert all(np.array_equal(np.asarray(k), v) for k, v in zip(kept, kept_values))
+    _step(model, optimizer)
+    acc.end_training()
+
+
 def test_a_file_changed_while_arrays_are_replaced_is_reported_as_partly_restored(tmp_path, monkeypatch):
     acc, model, optimizer = _run()
     acc.save_state(str(tmp_path / "ckpt"))
