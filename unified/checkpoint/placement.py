@@ -20,7 +20,7 @@ from ..backend import Replaceable
 from ..config import is_url
 from ..errors import CheckpointError, see
 from ..runtime.environment import LOAD_COPY_VARIABLE
-from . import codec, safetensors_io
+from . import safetensors_io
 from .agreement import Agreement
 from .failures import _not_damage, damaged_while_placed
 from .store import Folder, location_of
@@ -35,8 +35,7 @@ class Placement(Agreement):
         ``live`` arrays: straight into their memory (`Backend.writable_host_bytes`), else
         replaced one at a time (`Entry.replaceable`); the others are read into fresh memory."""
         places, least = {}, in_place_min_bytes()
-        tree = entry.replaceable()
-        handles = {} if tree is None else codec.encode(tree, lambda x: isinstance(x, Replaceable), entry.name)[1]
+        handles = entry.replaceable_handles()
         for name, value in live.items():
             if isinstance(value, np.ndarray) or int(getattr(value, "nbytes", 0)) < least:
                 continue

@@ -174,9 +174,7 @@ class ShardedState(Agreement):
             if entry not in self._adopting:  # restored by a load-state hook: the object takes it with its state
                 return
             if entry not in handles:
-                tree = by_name[entry].replaceable()
-                handles[entry] = ({} if tree is None else
-                                  codec.encode(tree, lambda x: isinstance(x, Replaceable), entry)[1])
+                handles[entry] = by_name[entry].replaceable_handles()
             handle = handles[entry].get(name)
             if handle is not None and handle.current() is not array:
                 handle.adopt(array)
@@ -220,8 +218,7 @@ class ShardedState(Agreement):
         ``states`` gets each object's decoded state. The first failure, or None."""
         for name, pending in later.items():
             entry = by_name[name]
-            tree = entry.replaceable()
-            handles = {} if tree is None else codec.encode(tree, lambda x: isinstance(x, Replaceable), entry.name)[1]
+            handles = entry.replaceable_handles()
             sharded = dict(pending.sharded)
             try:
                 for key in sorted(sharded):

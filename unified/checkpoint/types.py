@@ -22,6 +22,7 @@ from typing import (
 
 import numpy as np
 
+from ..backend import Replaceable
 from ..runtime.environment import IN_PLACE_VARIABLE
 from ..runtime.watchdog import CHANNEL_KINDS
 from . import codec, safetensors_io
@@ -144,6 +145,16 @@ class Entry:
     # A tree like get_state()'s whose leaves are `Replaceable` handles of the arrays a load may
     # replace one at a time (`TrainingObjects.replaceable_arrays`), or None.
     replaceable: Callable[[], Any] = lambda: None
+
+    def replaceable_handles(self) -> Dict[str, Replaceable]:
+        """The `Replaceable` handle of each array a load may replace one at a time, by the
+        array's name in the checkpoint (as `codec.encode` names it); empty when there is none.
+
+        Example:
+            >>> entry.replaceable_handles()["model/layers/0/kernel"].current()
+        """
+        tree = self.replaceable()
+        return {} if tree is None else codec.encode(tree, lambda x: isinstance(x, Replaceable), self.name)[1]
 
 
 @dataclass
